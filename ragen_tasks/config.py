@@ -1,0 +1,129 @@
+"""Typed, frozen configuration: one pydantic model per concern, every field described.
+
+Bad values fail at load with the field's dotted name and the allowed values. Derived values are
+properties, never mutations. Pure functions (``algos/``) never take a config object: the caller
+unpacks the fields it needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EnvSpec(_Frozen):
+    """One game in the training mixture (env mixtures are part of task diversity)."""
+
+    name: str = Field(description="registry name: bandit, sokoban or frozen_lake")
+    weight: float = Field(1.0, gt=0, description="share of the initial-state groups drawn from this game")
+    config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for ragen_tasks.envs.make")
+
+
+class ModelConfig(_Frozen):
+    name_or_path: str = Field(
+        "tiny", description="'tiny' / 'small' (built from a config, tokenizer trained locally), a HF hub id or a local folder"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights / compute dtype")
+    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:0 ...")
+
+
+class AgentConfig(_Frozen):
+    """The agent turn: prompt, answer format, limits (interaction granularity lives here)."""
+
+    think: bool = Field(True, description="answer <think>..</think><answer>..</answer>; False: <answer> only")
+    max_turns: int = Field(5, ge=1, description="turns per episode before truncation")
+    max_actions_per_turn: int = Field(5, ge=1, description="interaction granularity: actions executed per turn")
+    max_actions_per_episode: int = Field(10, ge=1, description="actions per episode before truncation")
+    format_penalty: float = Field(-0.1, le=0, description="reward of a turn whose answer can't be parsed or holds an invalid action")
+    max_tokens_per_turn: int = Field(64, ge=1, description="generation cap of one response")
+    max_context_tokens: int = Field(2048, ge=16, description="episode stops cleanly (status 'context') before exceeding this")
+    loss_on_observations: bool = Field(False, description="also train on observation tokens (the paper's original runs)")
+
+
+class RolloutConfig(_Frozen):
+    engine: str = Field("hf", description="hf, vllm, openai, or a dotted path 'module:Class'")
+    groups: int = Field(8, ge=1, description="task diversity: initial states per iteration")
+    group_size: int = Field(8, ge=1, description="rollouts per initial state (GRPO / filter group size)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int = Field(0, ge=0, description="top-k sampling; 0 = off")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific options (e.g. base_url)")
+
+
+class AlgoConfig(_Frozen):
+    """StarPO / StarPO-S knobs (see ragen_tasks.algos for the math)."""
+
+    advantage: Literal["gae", "grpo", "batch_norm"] = Field("gae", description="advantage estimator")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount over policy tokens")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+    grpo_scale_by_std: bool = Field(True, description="GRPO divides by the group std; False = Dr. GRPO")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO eps_low: ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(0.28, gt=0, description="PPO eps_high: ratio clipped above at 1 + clip_high (StarPO-S 0.28)")
+    dual_clip_c: float | None = Field(None, gt=1, description="dual-clip constant for negative advantages; None = off")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="how token losses are aggregated"
+    )
+    kl_mode: Literal["none", "in_reward", "in_loss"] = Field("none", description="KL to the reference policy")
+    kl_coef: float = Field(0.001, ge=0, description="KL coefficient")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator")
+    value_clip: float = Field(0.5, gt=0, description="critic value clipping range")
+    filter_keep_ratio: float = Field(0.25, gt=0, le=1, description="fraction of groups kept by in-group reward std; 1 = off")
+    filter_mode: Literal["highest_std", "lowest_std", "nonzero_std"] = Field(
+        "highest_std", description="which groups the uncertainty filter keeps"
+    )
+
+
+class OptimConfig(_Frozen):
+    backend: Literal["torch", "deepspeed"] = Field("torch", description="update backend")
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    lr: float = Field(1e-5, gt=0, description="actor learning rate")
+    critic_lr: float = Field(1e-5, gt=0, description="critic learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
+    minibatch_size: int = Field(32, ge=1, description="trajectories per optimizer step")
+    micro_batch_size: int = Field(8, ge=1, description="trajectories per forward/backward (gradient accumulation)")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    max_consecutive_skips: int = Field(3, ge=1, description="abort after this many non-finite steps in a row")
+    seed: int = Field(0, description="minibatch shuffling / init seed")
+
+
+class FreshnessConfig(_Frozen):
+    max_staleness: int = Field(0, ge=0, description="rollout freshness: policy-version lag allowed; 0 = strictly on-policy")
+
+
+class StoreConfig(_Frozen):
+    root: str = Field("runs", description="store root: a local folder, file://... or s3://bucket/prefix")
+
+
+class CheckpointConfig(_Frozen):
+    keep_last: int = Field(2, ge=1, description="committed checkpoints kept")
+
+
+class EvalConfig(_Frozen):
+    every: int = Field(5, ge=1, description="evaluate every N iterations (and after the last)")
+    seeds: int = Field(32, ge=1, description="held-out seeds per env")
+    seed_offset: int = Field(1_000_000, ge=0, description="first held-out seed (training seeds stay below it)")
+
+
+class TrainConfig(_Frozen):
+    """A whole training run. Presets in ragen_tasks/presets/*.yaml are instances of this."""
+
+    run_id: str | None = Field(None, description="run folder name; None = derived from the preset and time")
+    iterations: int = Field(20, ge=1, description="StarPO iterations")
+    seed: int = Field(0, description="root seed of the run")
+    envs: list[EnvSpec] = Field(default_factory=lambda: [EnvSpec(name="bandit")], min_length=1, description="training mixture")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="policy model")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="agent turn")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="rollout")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="algorithm")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer / backend")
+    freshness: FreshnessConfig = Field(default_factory=FreshnessConfig, description="freshness")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="store")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
