@@ -109,11 +109,36 @@ class EvalConfig(_Frozen):
     every: int = Field(5, ge=1, description="evaluate every N iterations (and after the last)")
     seeds: int = Field(32, ge=1, description="held-out seeds per env")
     seed_offset: int = Field(1_000_000, ge=0, description="first held-out seed (training seeds stay below it)")
+    temperature: float = Field(0.0, ge=0, description="evaluation sampling temperature; 0 = greedy (deterministic)")
+
+
+class WarmStartConfig(_Frozen):
+    """A short supervised stage that teaches the answer FORMAT before RL (a tiny model built from
+    scratch cannot know it). Bandit demonstrations pick an arm uniformly at random (arm-neutral:
+    the warm start must not teach the answer); FrozenLake/Sokoban demonstrations come from the
+    solvers, so RL has to improve on them."""
+
+    enabled: bool = Field(True, description="run the warm start before RL when starting from a preset model")
+    episodes_per_env: int = Field(256, ge=1, description="demonstration episodes per env in the mixture")
+    steps: int = Field(150, ge=0, description="supervised optimizer steps")
+    batch_size: int = Field(32, ge=1, description="sequences per supervised step")
+    lr: float = Field(3e-3, gt=0, description="supervised learning rate")
+
+
+class GuardConfig(_Frozen):
+    """The Echo-Trap guard: what to do when the detector fires (see ragen_tasks.algos.echo_trap)."""
+
+    action: Literal["off", "warn", "stop", "rollback"] = Field("warn", description="reaction to a fired signal")
+    max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run before stopping")
+    mitigation: Literal["lower_lr", "stronger_filter", "starpo_s"] = Field(
+        "lower_lr", description="applied after a rollback: halve the LR, halve filter_keep_ratio, or switch to StarPO-S settings"
+    )
 
 
 class TrainConfig(_Frozen):
     """A whole training run. Presets in ragen_tasks/presets/*.yaml are instances of this."""
 
+    preset: str = Field("custom", description="name of the preset (or file) this config came from; reports only")
     run_id: str | None = Field(None, description="run folder name; None = derived from the preset and time")
     iterations: int = Field(20, ge=1, description="StarPO iterations")
     seed: int = Field(0, description="root seed of the run")
@@ -127,3 +152,5 @@ class TrainConfig(_Frozen):
     store: StoreConfig = Field(default_factory=StoreConfig, description="store")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig, description="supervised format warm start")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="Echo-Trap guard")
