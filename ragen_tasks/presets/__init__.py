@@ -108,10 +108,18 @@ def _check_path(path: list[str], model: type[BaseModel], text: str) -> None:
         current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+Overrides = Iterable[str] | Mapping[str, Any]
+
+
+def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """Apply ``["a.b=1", ...]`` (CLI form) or ``{"a.b": 1, ...}`` (flow-parameter form)."""
+    pairs: list[tuple[list[str], Any, str]] = []
+    if isinstance(overrides, Mapping):
+        pairs = [(str(key).split("."), value, f"{key}={value}") for key, value in overrides.items()]
+    else:
+        pairs = [(*parse_override(text), text) for text in overrides]
     result = dict(data)
-    for text in overrides:
-        path, value = parse_override(text)
+    for path, value, text in pairs:
         _check_path(path, TrainConfig, text)
         patch: Any = value
         for part in reversed(path):
@@ -130,7 +138,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(parts)
 
 
-def load_config(name_or_file: str = DEFAULT_PRESET, overrides: Iterable[str] = ()) -> TrainConfig:
+def load_config(name_or_file: str = DEFAULT_PRESET, overrides: Overrides = ()) -> TrainConfig:
     """Resolve a preset name or YAML file, apply ``--set`` overrides, validate."""
     data = apply_overrides(_resolve(name_or_file), overrides)
     data.setdefault("preset", name_or_file)

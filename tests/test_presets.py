@@ -1,0 +1,63 @@
+"""Preset loading, composition and --set overrides: every error is one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragen_tasks.presets import ConfigError, available_presets, load_config
+
+
+def test_every_shipped_preset_validates() -> None:
+    names = available_presets()
+    assert "default" in names
+    for name in names:
+        config = load_config(name)
+        assert config.preset == name
+
+
+def test_set_overrides_nested_values() -> None:
+    config = load_config("default", ["optim.lr=0.5", "agent.think=false", "iterations=3"])
+    assert config.optim.lr == 0.5
+    assert config.agent.think is False
+    assert config.iterations == 3
+
+
+def test_mapping_overrides() -> None:
+    assert load_config("default", {"algo.clip_high": 0.3}).algo.clip_high == 0.3
+
+
+def test_unknown_preset_lists_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown preset 'nope'; known presets: .*default"):
+        load_config("nope")
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'lrr' at optim; valid keys: .*lr"):
+        load_config("default", ["optim.lrr=1"])
+
+
+def test_bad_value_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"algo.clip_low=1.5: "):
+        load_config("default", ["algo.clip_low=1.5"])
+
+
+def test_malformed_set() -> None:
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config("default", ["optim.lr"])
+
+
+def test_file_preset_with_extends(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("extends: default\niterations: 2\n")
+    config = load_config(str(path))
+    assert config.iterations == 2
+    assert config.envs == load_config("default").envs
+
+
+def test_self_extension_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "loop.yaml"
+    path.write_text(f"extends: {path}\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(str(path))
