@@ -1,0 +1,367 @@
+"""The batched multi-turn rollout loop: tasks in, token-in/token-out trajectories out.
+
+Per turn: ONE ``engine.generate`` call for all live episodes; each reply is parsed, its actions run
+in order until the game ends; finished episodes leave the batch and are ``release``d; the others
+get the observation ids (chat-template glue + new board) appended. An episode ends when the game
+terminates (status "terminated"), truncates at max actions (either the game's own limit or
+``agent.max_actions_per_episode``: "max_actions"), after ``agent.max_turns`` turns ("max_turns"),
+or when the next turn would not fit ``agent.max_context_tokens`` ("context"; it never crashes).
+
+Decisions:
+* The per-turn token cap is ``min(sampling.max_new_tokens, agent.max_tokens_per_turn)``.
+* An initial prompt that leaves no room for one response is a configuration error (ValueError
+  naming ``agent.max_context_tokens``); later turns end the episode with status "context".
+* An engine that returns fewer/more generations than requests, or a malformed generation, raises
+  ``EngineReplyError``: a dropped reply must fail loudly, never shift replies between episodes.
+* If ``sampling.seed`` is set, turn ``t`` is generated with seed ``sampling.seed + t``.
+* Invalid actions: see ``ragen_tasks.agent.parsing`` (the valid prefix runs, the turn is penalised).
+
+Also here: ``make_group_tasks`` (groups of rollouts sharing an initial state, seeds derived with
+``numpy.random.SeedSequence`` from (seed, iteration, group), never ``hash()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ragen_tasks.agent.chat import ChatRenderer
+from ragen_tasks.agent.parsing import map_actions, parse_response
+from ragen_tasks.agent.prompts import followup_message, initial_messages
+from ragen_tasks.config import AgentConfig, EnvSpec
+from ragen_tasks.data.trajectory import Trajectory, TrajectoryStatus
+from ragen_tasks.envs.base import TextGame
+from ragen_tasks.rollout.engine import Engine, Generation, GenerationRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineReplyError(RuntimeError):
+    """The engine broke the Engine contract (wrong number of generations, malformed generation)."""
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    """One episode to play. Tasks with the same ``group_id`` must share env_name, env_config and seed."""
+
+    traj_id: str  # unique within the batch; also the engine session id
+    env_name: str  # registry name for ragen_tasks.envs.make
+    env_config: dict[str, Any]  # keyword arguments for ragen_tasks.envs.make
+    seed: int  # env seed: fixes the initial state
+    group_id: int  # rollouts sharing an initial state
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one live episode (internal)."""
+
+    task: RolloutTask
+    env: TextGame
+    board: str
+    ids: list[int]  # (T,) prompt + responses + observations so far
+    response_mask: list[int]  # (T,) 1 = sampled by the policy
+    logprobs: list[float]  # (T,) rollout log-prob where response_mask = 1, else 0
+    prompt_length: int
+    actions_used: int = 0
+    success: bool = False
+    status: str | None = None  # a TrajectoryStatus value once the episode is over
+    turn_starts: list[int] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_actions: list[list[str]] = field(default_factory=list)
+    turn_format_ok: list[bool] = field(default_factory=list)
+    turn_think: list[str] = field(default_factory=list)
+    turn_responses: list[str] = field(default_factory=list)
+    turn_observations: list[str] = field(default_factory=list)
+
+
+def _make_env(name: str, config: Mapping[str, Any]) -> TextGame:
+    import importlib  # A's registry; imported late so this module loads before/without it
+
+    make = importlib.import_module("ragen_tasks.envs").make
+    env: TextGame = make(name, **dict(config))
+    return env
+
+
+def _strip_special(text: str, special: Sequence[str]) -> str:
+    """Drop special-token text (e.g. a sampled ``<|im_end|>``) from the end of a decoded response."""
+    stripped = text.rstrip()
+    changed = True
+    while changed:
+        changed = False
+        for token in special:
+            if token and stripped.endswith(token):
+                stripped = stripped[: -len(token)].rstrip()
+                changed = True
+    return stripped
+
+
+def _check_generation(gen: Generation, request: GenerationRequest, cap: int) -> None:
+    if len(gen.token_ids) != len(gen.logprobs):
+        raise EngineReplyError(
+            f"session {request.session_id}: {len(gen.token_ids)} token ids but {len(gen.logprobs)} log-probs"
+        )
+    if len(gen.token_ids) > cap:
+        raise EngineReplyError(
+            f"session {request.session_id}: {len(gen.token_ids)} tokens exceed the per-turn cap {cap}"
+        )
+
+
+def run_rollouts(
+    engine: Engine,
+    tokenizer: Any,
+    tasks: Sequence[RolloutTask],
+    *,
+    agent: AgentConfig,
+    sampling: SamplingParams,
+    policy_version: int,
+    weights_fingerprint: str,
+    env_factory: Callable[[str, Mapping[str, Any]], TextGame] | None = None,
+) -> list[Trajectory]:
+    """Play every task to the end, batched; return one Trajectory per task, in task order.
+
+    ``env_factory(name, config) -> TextGame`` defaults to ``ragen_tasks.envs.make``.
+    """
+    ids_seen = [t.traj_id for t in tasks]
+    if len(set(ids_seen)) != len(ids_seen):
+        raise ValueError("tasks: traj_id values must be unique within a batch (they are engine session ids)")
+    cap = min(sampling.max_new_tokens, agent.max_tokens_per_turn)
+    params = replace(sampling, max_new_tokens=cap)
+    renderer = ChatRenderer(tokenizer)
+    special = [str(s) for s in getattr(tokenizer, "all_special_tokens", [])]
+    factory = env_factory or _make_env
+    episodes = [_start(task, factory(task.env_name, task.env_config), renderer, agent, cap) for task in tasks]
+
+    live = list(episodes)
+    released: set[str] = set()
+    try:
+        for turn in range(agent.max_turns):
+            if not live:
+                break
+            requests = [GenerationRequest(session_id=e.task.traj_id, prompt_ids=list(e.ids)) for e in live]
+            turn_params = params if params.seed is None else replace(params, seed=params.seed + turn)
+            generations = engine.generate(requests, turn_params)
+            if len(generations) != len(requests):
+                raise EngineReplyError(
+                    f"engine {type(engine).__name__} returned {len(generations)} generations for "
+                    f"{len(requests)} requests (turn {turn}); every request needs exactly one reply"
+                )
+            for episode, request, gen in zip(live, requests, generations, strict=True):
+                _check_generation(gen, request, cap)
+                text = gen.text or tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+                _play_turn(episode, gen, _strip_special(text, special), agent)
+                if episode.status is None and turn + 1 >= agent.max_turns:
+                    episode.status = TrajectoryStatus.MAX_TURNS.value
+                if episode.status is None:
+                    _feed_observation(episode, gen, renderer, agent, cap)
+            finished = [e.task.traj_id for e in live if e.status is not None]
+            if finished:
+                engine.release(finished)
+                released.update(finished)
+            live = [e for e in live if e.status is None]
+    finally:
+        leftover = [e.task.traj_id for e in episodes if e.task.traj_id not in released]
+        if leftover:  # only after an error: free the engine's caches, keep the original exception
+            try:
+                engine.release(leftover)
+            except Exception:
+                logger.exception("engine.release failed while cleaning up after an error")
+    return [_finish(e, policy_version, weights_fingerprint, agent) for e in episodes]
+
+
+def _start(
+    task: RolloutTask, env: TextGame, renderer: ChatRenderer, agent: AgentConfig, cap: int
+) -> _Episode:
+    board, _info = env.reset(seed=task.seed)
+    messages = initial_messages(
+        env_name=task.env_name,
+        action_names=env.action_names,
+        legend=env.legend,
+        board=board,
+        actions_left=agent.max_actions_per_episode,
+        max_actions_per_turn=agent.max_actions_per_turn,
+        think=agent.think,
+    )
+    ids = renderer.prompt_ids(messages)
+    if len(ids) + cap > agent.max_context_tokens:
+        raise ValueError(
+            f"task {task.traj_id} ({task.env_name}): the first prompt has {len(ids)} tokens and a response "
+            f"may take {cap}, more than agent.max_context_tokens={agent.max_context_tokens}; raise "
+            "agent.max_context_tokens (within the model's context) or use a smaller board"
+        )
+    return _Episode(
+        task=task, env=env, board=board, ids=ids, response_mask=[0] * len(ids),
+        logprobs=[0.0] * len(ids), prompt_length=len(ids),
+    )
+
+
+def _play_turn(episode: _Episode, gen: Generation, text: str, agent: AgentConfig) -> None:
+    """Append the sampled ids, parse, run the actions, record the turn. Sets status if it ended."""
+    episode.turn_observations.append(episode.board)
+    episode.turn_starts.append(len(episode.ids))
+    episode.ids.extend(gen.token_ids)
+    episode.response_mask.extend([1] * len(gen.token_ids))
+    episode.logprobs.extend(float(lp) for lp in gen.logprobs)
+    episode.turn_ends.append(len(episode.ids))
+    episode.turn_responses.append(text)
+
+    parsed = parse_response(text, think=agent.think)
+    budget = min(agent.max_actions_per_turn, agent.max_actions_per_episode - episode.actions_used)
+    actions, all_valid = map_actions(parsed.actions, episode.env.action_names, max_actions=budget)
+    format_ok = parsed.ok and all_valid
+    env_reward = 0.0
+    executed: list[str] = []
+    for action in actions:
+        board, step_reward, terminated, truncated, info = episode.env.step(action)
+        episode.board = board
+        if not info.get("action_is_valid", True):  # the game refused a name it listed: still invalid
+            format_ok = False
+            break
+        executed.append(action)
+        episode.actions_used += 1
+        env_reward += float(step_reward)
+        episode.success = bool(info.get("success", False))
+        if terminated:
+            episode.status = TrajectoryStatus.TERMINATED.value
+            break
+        if truncated:
+            episode.status = TrajectoryStatus.MAX_ACTIONS.value
+            break
+    reward = env_reward + (0.0 if format_ok else agent.format_penalty)
+    if episode.status is None and episode.actions_used >= agent.max_actions_per_episode:
+        episode.status = TrajectoryStatus.MAX_ACTIONS.value
+    episode.turn_rewards.append(reward)
+    episode.turn_actions.append(executed)
+    episode.turn_format_ok.append(format_ok)
+    episode.turn_think.append(parsed.think)
+
+
+def _feed_observation(
+    episode: _Episode, gen: Generation, renderer: ChatRenderer, agent: AgentConfig, cap: int
+) -> None:
+    """Append the next user message's ids (mask 0), or end the episode with status 'context'."""
+    message = followup_message(
+        board=episode.board,
+        reward=episode.turn_rewards[-1],
+        actions_left=agent.max_actions_per_episode - episode.actions_used,
+        format_ok=episode.turn_format_ok[-1],
+    )
+    obs_ids = renderer.observation_ids(message, gen.token_ids)
+    if len(episode.ids) + len(obs_ids) + cap > agent.max_context_tokens:
+        episode.status = TrajectoryStatus.CONTEXT.value
+        return
+    episode.ids.extend(obs_ids)
+    episode.response_mask.extend([0] * len(obs_ids))
+    episode.logprobs.extend([0.0] * len(obs_ids))
+
+
+def _finish(
+    episode: _Episode, policy_version: int, weights_fingerprint: str, agent: AgentConfig
+) -> Trajectory:
+    if episode.status is None:  # only reachable if max_turns was never hit: defensive
+        raise RuntimeError(f"episode {episode.task.traj_id} ended without a status")
+    # loss_mask: 1 = trained on. Sampled tokens always; observation tokens (never the prompt) if asked.
+    if agent.loss_on_observations:
+        loss_mask = [0] * episode.prompt_length + [1] * (len(episode.ids) - episode.prompt_length)
+    else:
+        loss_mask = list(episode.response_mask)
+    trajectory = Trajectory(
+        traj_id=episode.task.traj_id,
+        env_name=episode.task.env_name,
+        seed=episode.task.seed,
+        group_id=episode.task.group_id,
+        policy_version=policy_version,
+        weights_fingerprint=weights_fingerprint,
+        input_ids=episode.ids,
+        response_mask=episode.response_mask,
+        loss_mask=loss_mask,
+        rollout_logprobs=episode.logprobs,
+        turn_starts=episode.turn_starts,
+        turn_ends=episode.turn_ends,
+        turn_rewards=episode.turn_rewards,
+        turn_actions=episode.turn_actions,
+        turn_format_ok=episode.turn_format_ok,
+        turn_think=episode.turn_think,
+        turn_responses=episode.turn_responses,
+        turn_observations=episode.turn_observations,
+        reward=float(sum(episode.turn_rewards)),
+        success=episode.success,
+        status=episode.status,
+        prompt_length=episode.prompt_length,
+    )
+    trajectory.check()
+    return trajectory
+
+
+def make_group_tasks(
+    env_specs: Sequence[EnvSpec],
+    groups: int,
+    group_size: int,
+    seed: int,
+    iteration: int,
+    *,
+    seed_offset: int = 0,
+    seed_space: int = 1_000_000,
+) -> list[RolloutTask]:
+    """``groups`` initial states x ``group_size`` rollouts each; rollouts of a group share the env seed.
+
+    Envs are mixed by weight with a largest-remainder split of the groups (deterministic, exact
+    proportions up to rounding). The env seed of group ``g`` is
+    ``seed_offset + SeedSequence([seed, iteration, g]) % seed_space``: training uses
+    ``seed_offset=0`` and ``seed_space <= eval.seed_offset`` so held-out evaluation seeds (from
+    ``eval.seed_offset`` up) never appear in training.
+    """
+    if groups < 1 or group_size < 1:
+        raise ValueError(f"groups={groups} and group_size={group_size} must both be >= 1")
+    if not env_specs:
+        raise ValueError("env_specs: give at least one EnvSpec")
+    if seed < 0 or iteration < 0 or seed_offset < 0 or seed_space < 1:
+        raise ValueError(
+            f"seed={seed}, iteration={iteration}, seed_offset={seed_offset} must be >= 0 "
+            f"and seed_space={seed_space} >= 1"
+        )
+    weights = np.array([spec.weight for spec in env_specs], dtype=np.float64)
+    shares = weights / weights.sum() * groups
+    counts = np.floor(shares).astype(int)
+    for i in np.argsort(-(shares - counts), kind="stable")[: groups - int(counts.sum())]:
+        counts[i] += 1
+    specs = [spec for spec, n in zip(env_specs, counts, strict=True) for _ in range(int(n))]
+
+    tasks: list[RolloutTask] = []
+    for g, spec in enumerate(specs):
+        state = np.random.SeedSequence([seed, iteration, g]).generate_state(2, dtype=np.uint64)
+        env_seed = seed_offset + int(state[0] % np.uint64(seed_space))
+        for r in range(group_size):
+            tasks.append(
+                RolloutTask(
+                    traj_id=f"it{iteration:06d}-g{g:04d}-r{r:03d}",
+                    env_name=spec.name,
+                    env_config=dict(spec.config),
+                    seed=env_seed,
+                    group_id=g,
+                )
+            )
+    return tasks
+
+
+def make_eval_tasks(env_specs: Sequence[EnvSpec], num_seeds: int, seed_offset: int) -> list[RolloutTask]:
+    """Held-out evaluation: seeds ``seed_offset .. seed_offset + num_seeds - 1`` per env, one rollout each."""
+    if num_seeds < 1:
+        raise ValueError(f"num_seeds={num_seeds} must be >= 1")
+    tasks: list[RolloutTask] = []
+    for e, spec in enumerate(env_specs):
+        for i in range(num_seeds):
+            tasks.append(
+                RolloutTask(
+                    traj_id=f"eval-{spec.name}-{e}-{i:06d}",
+                    env_name=spec.name,
+                    env_config=dict(spec.config),
+                    seed=seed_offset + i,
+                    group_id=e * num_seeds + i,
+                )
+            )
+    return tasks

@@ -1,0 +1,49 @@
+"""Token-in/token-out rendering: observation ids vs templating the whole conversation."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragen_tasks.agent.chat import ChatRenderer
+
+SYSTEM = {"role": "system", "content": "You play."}
+USER0 = {"role": "user", "content": "Board:\n#_P#\nActions left: 3."}
+USER1 = {"role": "user", "content": "Reward: 0.\nBoard:\n#P_#"}
+RESPONSE = "<think>go left</think><answer>Left</answer>"
+
+
+def _whole(tok, messages) -> list[int]:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_incremental_ids_equal_whole_conversation(chatml_tokenizer) -> None:
+    tok = chatml_tokenizer
+    r = ChatRenderer(tok)
+    prompt = r.prompt_ids([SYSTEM, USER0])
+    assert prompt == _whole(tok, [SYSTEM, USER0])
+    sampled = tok.encode(RESPONSE, add_special_tokens=False)  # stands in for the engine's sampled ids
+    obs = r.observation_ids(USER1, sampled)
+    assert tok.convert_ids_to_tokens(obs[:1]) == ["<|im_end|>"]  # the glue closes the assistant turn
+    whole = _whole(tok, [SYSTEM, USER0, {"role": "assistant", "content": RESPONSE}, USER1])
+    assert prompt + sampled + obs == whole
+
+
+def test_sampled_end_of_turn_is_not_fed_twice(chatml_tokenizer) -> None:
+    tok = chatml_tokenizer
+    r = ChatRenderer(tok)
+    sampled = [*tok.encode(RESPONSE, add_special_tokens=False), tok.eos_token_id]
+    with_eos = r.observation_ids(USER1, sampled)
+    without = r.observation_ids(USER1, sampled[:-1])
+    assert without[0] == tok.eos_token_id and with_eos == without[1:]
+
+
+def test_tokenizer_without_chat_template_is_a_clear_error(chatml_tokenizer) -> None:
+    tok = chatml_tokenizer
+    saved = tok.chat_template
+    try:
+        tok.chat_template = None
+        with pytest.raises(ValueError, match="chat_template"):
+            ChatRenderer(tok)
+    finally:
+        tok.chat_template = saved
