@@ -1,0 +1,329 @@
+"""Offline validation of k8s/: manifests and rendered work-pool base job templates.
+
+No cluster exists here, so every object is checked against the kubernetes Python client's models:
+a small strict validator walks each dict along the model's `openapi_types` / `attribute_map`
+(unknown field, wrong primitive type = error, with the JSON path), then the client's own
+deserialiser enforces required fields. On top of the schema: the "restricted" pod-security
+profile on every pod spec, the worker Role's exact verbs, and the Prefect worker's own template
+rules (its required job skeleton, rendered the way the worker renders it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+from prefect.utilities.templating import apply_values, find_placeholders
+from prefect.workers.base import BaseJobConfiguration
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+TEMPLATES = sorted(K8S.glob("base-job-template-*.json"))
+MANIFESTS = sorted(K8S.glob("*.yaml"))
+
+# The Prefect kubernetes worker rejects a job manifest that lacks these pod-spec keys (its
+# `_get_base_job_manifest` skeleton puts Job fields inside the pod spec). The API server drops them
+# as unknown fields, so they are the one documented exception to strictness below.
+PREFECT_POD_SPEC_QUIRKS = {"parallelism": 1, "completions": 1}
+
+# Client versions spell containers `List[X]` / `Dict[str, X]` (new) or `list[X]` / `dict(str, X)` (old).
+_LIST = re.compile(r"^[Ll]ist\[(.+)\]$")
+_DICT = re.compile(r"^[Dd]ict[\[(](\w+), (.+)[\])]$")
+_PRIMITIVES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "datetime": (str,),
+    "date": (str,),
+    "bytearray": (str,),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict validator over kubernetes.client models
+# ---------------------------------------------------------------------------------------------
+def strict_errors(data: Any, type_name: str, path: str = "$") -> list[str]:
+    """Errors of `data` against the client type `type_name` ('V1Job', 'list[V1Container]', 'str'...).
+
+    Unknown keys and wrong primitive types are errors; None is treated as absent.
+    """
+    if data is None or type_name == "object":
+        return []
+    if m := _LIST.match(type_name):
+        if not isinstance(data, list):
+            return [f"{path}: expected a list ({type_name}), got {type(data).__name__}"]
+        return [e for i, item in enumerate(data) for e in strict_errors(item, m.group(1), f"{path}[{i}]")]
+    if m := _DICT.match(type_name):
+        if not isinstance(data, dict):
+            return [f"{path}: expected a mapping ({type_name}), got {type(data).__name__}"]
+        return [e for k, v in data.items() for e in strict_errors(v, m.group(2), f"{path}.{k}")]
+    if type_name in _PRIMITIVES:
+        ok = isinstance(data, _PRIMITIVES[type_name]) and not (type_name in ("int", "float") and isinstance(data, bool))
+        return [] if ok else [f"{path}: expected {type_name}, got {type(data).__name__} {data!r}"]
+    model = getattr(kubernetes.client, type_name, None)
+    if model is None:
+        return [f"{path}: unknown model type {type_name!r}"]
+    if not isinstance(data, dict):
+        return [f"{path}: expected an object ({type_name}), got {type(data).__name__}"]
+    json_to_attr = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    errors: list[str] = []
+    for key, value in data.items():
+        attr = json_to_attr.get(key)
+        if attr is None:
+            errors.append(f"{path}.{key}: unknown field for {type_name}")
+            continue
+        errors.extend(strict_errors(value, model.openapi_types[attr], f"{path}.{key}"))
+    return errors
+
+
+def model_name(obj: dict[str, Any]) -> str:
+    """'apps/v1' + 'Deployment' -> 'V1Deployment' (the client's naming for stable groups)."""
+    version = str(obj["apiVersion"]).split("/")[-1]
+    return f"{version.capitalize()}{obj['kind']}"
+
+
+def validate_strict(obj: dict[str, Any]) -> None:
+    """Raise AssertionError listing every schema error of one top-level object."""
+    name = model_name(obj)
+    errors = strict_errors(obj, name)
+    assert not errors, f"{obj['kind']} {obj.get('metadata', {}).get('name')}: " + "; ".join(errors)
+    # Required fields: the client's deserialiser raises ValueError on a missing required field.
+    ApiClient()._ApiClient__deserialize(copy.deepcopy(obj), name)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and rendering
+# ---------------------------------------------------------------------------------------------
+def load_manifests() -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for path in MANIFESTS:
+        objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return objects
+
+
+def render_job_manifest(template: dict[str, Any], values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Job the worker would submit: variable defaults (None dropped, as the worker does) plus
+    `values`, templated with Prefect's own `apply_values`, then the worker's post-processing."""
+    defaults = BaseJobConfiguration._get_base_config_defaults(template["variables"]["properties"])
+    variables = {**defaults, "name": "train-abc123", **(values or {})}
+    config = apply_values(copy.deepcopy(template["job_configuration"]), variables)
+    job = config["job_manifest"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    # The worker prepends the flow-run env (PREFECT_API_URL, ...) to a literal env list.
+    container["env"] = [{"name": k, "value": v} for k, v in variables.get("env", {}).items()] + container["env"]
+    # ... and splits a string command into args (`_populate_command_if_not_present`).
+    if isinstance(container.get("args"), str):
+        container["args"] = shlex.split(container["args"])
+    return job
+
+
+def pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "Pod":
+        return [obj["spec"]]
+    return []
+
+
+def rendered_jobs() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.name, render_job_manifest(json.loads(p.read_text()))) for p in TEMPLATES]
+
+
+def all_pod_specs() -> list[tuple[str, dict[str, Any]]]:
+    specs = [(f"{o['kind']}/{o['metadata']['name']}", s) for o in load_manifests() for s in pod_specs(o)]
+    specs += [(name, job["spec"]["template"]["spec"]) for name, job in rendered_jobs()]
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# The validator itself must be able to fail
+# ---------------------------------------------------------------------------------------------
+def test_strict_validator_rejects_unknown_fields_and_wrong_types() -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "x"},
+        "spec": {"containers": [{"name": "c", "image": "i", "securityContxt": {}, "ports": [{"containerPort": "80"}]}]},
+    }
+    errors = strict_errors(pod, "V1Pod")
+    assert any("securityContxt: unknown field" in e for e in errors), errors
+    assert any("containerPort: expected int" in e for e in errors), errors
+    with pytest.raises(ValueError, match="containers"):
+        ApiClient()._ApiClient__deserialize({"metadata": {"name": "x"}, "spec": {}}, "V1Pod")  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema
+# ---------------------------------------------------------------------------------------------
+def test_manifest_files_exist() -> None:
+    kinds = {o["kind"] for o in load_manifests()}
+    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Deployment", "NetworkPolicy"} <= kinds
+    assert [p.name for p in TEMPLATES] == ["base-job-template-cpu.json", "base-job-template-gpu.json"]
+
+
+@pytest.mark.parametrize("obj", load_manifests(), ids=lambda o: f"{o['kind']}-{o['metadata']['name']}")
+def test_manifest_validates_strictly(obj: dict[str, Any]) -> None:
+    validate_strict(obj)
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_rendered_job_template_validates_strictly(path: Path) -> None:
+    template = json.loads(path.read_text())
+    job = render_job_manifest(
+        template, {"image": "registry.example/ragen:abc1234", "command": "python -m prefect.engine"}
+    )
+    assert not find_placeholders(json.dumps(job)), "unrendered placeholder left in the job manifest"
+    pod_spec = job["spec"]["template"]["spec"]
+    for key, value in PREFECT_POD_SPEC_QUIRKS.items():
+        assert pod_spec.pop(key) == value
+    validate_strict(job)
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_job_template_follows_prefect_worker_format(path: Path) -> None:
+    template = json.loads(path.read_text())
+    assert set(template) == {"job_configuration", "variables"}
+    config, variables = template["job_configuration"], template["variables"]
+    # Keys of the kubernetes worker's job configuration (KubernetesWorkerJobConfiguration).
+    allowed = {
+        "command", "env", "labels", "name", "namespace", "job_manifest", "cluster_config",
+        "job_watch_timeout_seconds", "pod_watch_timeout_seconds", "stream_output",
+    }  # fmt: skip
+    assert set(config) <= allowed, set(config) - allowed
+    assert variables["type"] == "object"
+    # Every placeholder names a declared variable.
+    used = {p.name for p in find_placeholders(json.dumps(config))}
+    assert used <= set(variables["properties"]), used - set(variables["properties"])
+    # The worker's required skeleton (prefect_kubernetes.worker._get_base_job_manifest).
+    job = config["job_manifest"]
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["restartPolicy"] == "Never"
+    assert pod_spec["containers"][0]["name"] == "prefect-job"
+    for key, value in PREFECT_POD_SPEC_QUIRKS.items():
+        assert pod_spec[key] == value
+
+
+def test_gpu_template_requests_gpus_and_exposes_scheduling_variables() -> None:
+    template = json.loads((K8S / "base-job-template-gpu.json").read_text())
+    job = render_job_manifest(template, {"gpu_count": "4", "node_selector": {"pool": "a100"}})
+    spec = job["spec"]["template"]["spec"]
+    resources = spec["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "4"
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert spec["tolerations"] == template["variables"]["properties"]["tolerations"]["default"]
+    assert spec["serviceAccountName"] == "ragen-job"
+    assert spec["containers"][0]["envFrom"] == [{"secretRef": {"name": "ragen-s3", "optional": True}}]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes["scratch"]
+    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert {"/scratch", "/tmp"} <= mounts
+
+
+def test_cpu_template_requests_no_gpu() -> None:
+    job = render_job_manifest(json.loads((K8S / "base-job-template-cpu.json").read_text()))
+    assert "nvidia.com/gpu" not in json.dumps(job)
+
+
+# ---------------------------------------------------------------------------------------------
+# Restricted pod-security profile
+# ---------------------------------------------------------------------------------------------
+_RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                            "persistentVolumeClaim", "projected", "secret"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name,spec", all_pod_specs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_pod_spec_follows_restricted_profile(name: str, spec: dict[str, Any]) -> None:
+    pod_sc = spec.get("securityContext", {})
+    assert pod_sc.get("runAsNonRoot") is True, name
+    assert isinstance(pod_sc.get("runAsUser"), int) and pod_sc["runAsUser"] > 0, name
+    assert pod_sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(flag), f"{name}: {flag}"
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        assert kinds <= _RESTRICTED_VOLUME_TYPES, f"{name}: volume {volume['name']} uses {kinds}"
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    assert containers, name
+    for c in containers:
+        sc = c.get("securityContext", {})
+        where = f"{name} container {c['name']}"
+        assert sc.get("allowPrivilegeEscalation") is False, where
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
+        assert not sc.get("capabilities", {}).get("add"), where
+        assert not sc.get("privileged"), where
+        assert sc.get("runAsUser", 1) != 0, where
+        assert sc.get("seccompProfile", {}).get("type", "RuntimeDefault") == "RuntimeDefault", where
+
+
+def test_namespace_enforces_restricted_admission() -> None:
+    (ns,) = [o for o in load_manifests() if o["kind"] == "Namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+# ---------------------------------------------------------------------------------------------
+# RBAC and network
+# ---------------------------------------------------------------------------------------------
+def test_worker_role_has_exactly_the_verbs_it_needs() -> None:
+    objects = load_manifests()
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    got = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert got == {
+        ("batch", "jobs"): ["create", "delete", "get", "list", "watch"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("", "pods/log"): ["get"],
+        ("", "events"): ["list", "watch"],
+    }
+    assert not any("*" in str(rule) for rule in role["rules"])
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prefect-worker", "namespace": "ragen"}]
+    workers = [o for o in objects if o["kind"] == "Deployment"]
+    assert {w["spec"]["template"]["spec"]["serviceAccountName"] for w in workers} == {"prefect-worker"}
+    (job_sa,) = [o for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "ragen-job"]
+    assert job_sa["automountServiceAccountToken"] is False
+
+
+def test_workers_poll_the_pools_the_templates_define() -> None:
+    workers = [o for o in load_manifests() if o["kind"] == "Deployment"]
+    pools = set()
+    for w in workers:
+        args = w["spec"]["template"]["spec"]["containers"][0]["args"]
+        pools.add(args[args.index("--pool") + 1])
+        assert args[args.index("--type") + 1] == "kubernetes"
+    assert pools == {"k8s-gpu", "k8s-cpu"}
+
+
+def test_network_policy_default_denies_and_allows_only_named_egress() -> None:
+    policies = {o["metadata"]["name"]: o["spec"] for o in load_manifests() if o["kind"] == "NetworkPolicy"}
+    deny = policies.pop("default-deny-all")
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    ports = set()
+    for name, spec in policies.items():
+        assert spec["policyTypes"] == ["Egress"], f"{name} must not open ingress"
+        assert "ingress" not in spec, name
+        for rule in spec["egress"]:
+            assert rule.get("to"), f"{name}: an egress rule without 'to' allows every destination"
+            assert rule.get("ports"), f"{name}: an egress rule without ports allows every port"
+            ports |= {(p["protocol"], p["port"]) for p in rule["ports"]}
+    # DNS, Prefect API, S3 (HTTPS / in-cluster MinIO), Kubernetes API: nothing else.
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 4200), ("TCP", 443), ("TCP", 9000), ("TCP", 6443)}
+    job_labels = {"app.kubernetes.io/part-of": "ragen", "app.kubernetes.io/component": "flow-run"}
+    for _, job in rendered_jobs():
+        assert job["spec"]["template"]["metadata"]["labels"].items() >= job_labels.items()
+    assert policies["allow-s3-egress"]["podSelector"]["matchLabels"] == job_labels
