@@ -1,0 +1,216 @@
+"""Advantage estimators for StarPO: GAE (critic), GRPO (group z-score), batch-normalised returns.
+
+All functions are pure and vectorised over the batch. Token-level outputs are (B, T) and are
+exactly 0 where the mask is 0 (prompt, observation and padding tokens), whatever those positions
+held on input.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ragen_tasks.algos.masked import check_mask, check_same_shape, masked_whiten
+
+StdLevel = Literal["group", "batch"]
+
+
+def gae_advantages(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over policy tokens only.
+
+    The recursion runs over the positions where ``response_mask`` is 1 and BRIDGES the others: for
+    a policy token t whose next policy token is t' (skipping any observation tokens between them),
+    ``delta_t = r_t + gamma * V(t') - V(t)`` and ``A_t = delta_t + gamma * lam * A_t'``. After the
+    last policy token of a row, ``V = 0`` and ``A = 0`` (the episode is over). Rewards and values at
+    mask-0 positions are ignored, so place rewards on policy tokens (see ``token_level_rewards``).
+
+    Args:
+        token_rewards: (B, T) float, reward on policy tokens (usually only on the last one).
+        values: (B, T) float, critic value V(t) of each token's state.
+        response_mask: (B, T) 0/1; 1 = token the policy sampled (trained on), 0 = prompt/obs/pad.
+        gamma: discount per policy token, in [0, 1].
+        lam: GAE lambda, in [0, 1].
+        whiten: whiten the advantages with the batch mean/std over mask-1 tokens (common practice);
+            the returns are never whitened.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) float and 0 where the mask is 0.
+        ``returns = A + V`` (before whitening) is the critic's regression target.
+    """
+    check_same_shape(token_rewards, "token_rewards", values=values, response_mask=response_mask)
+    if token_rewards.dim() != 2:
+        raise ValueError(f"token_rewards must be (B, T), got shape {tuple(token_rewards.shape)}")
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma={gamma} and lam={lam} must both lie in [0, 1]")
+    m = check_mask(response_mask, "response_mask")
+    b, t = token_rewards.shape
+    zero = torch.zeros(b, dtype=values.dtype, device=values.device)
+    next_value = zero  # (B,) V of the next policy token, 0 after the last one
+    next_adv = zero  # (B,) A of the next policy token
+    columns: list[Tensor] = []
+    for i in range(t - 1, -1, -1):
+        here = m[:, i]  # (B,) bool
+        delta = token_rewards[:, i] + gamma * next_value - values[:, i]
+        adv = delta + gamma * lam * next_adv
+        adv = torch.where(here, adv, zero)  # where() keeps NaN garbage at masked positions out
+        columns.append(adv)
+        next_value = torch.where(here, values[:, i], next_value)
+        next_adv = torch.where(here, adv, next_adv)
+    advantages = torch.stack(columns[::-1], dim=1)  # (B, T)
+    returns = torch.where(m, advantages + values, torch.zeros_like(advantages))
+    if whiten:
+        advantages = masked_whiten(advantages, m)
+    return advantages, returns
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Map group ids to 0..G-1. Returns (unique_ids (G,) sorted ascending, inverse (N,), counts (G,))."""
+    if group_ids.dim() != 1:
+        raise ValueError(f"group_ids must be (N,), got shape {tuple(group_ids.shape)}")
+    unique, inverse, counts = torch.unique(group_ids, sorted=True, return_inverse=True, return_counts=True)
+    return unique, inverse, counts
+
+
+def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-group mean and unbiased std of trajectory rewards.
+
+    Args:
+        scores: (N,) float, trajectory rewards.
+        group_ids: (N,) int, trajectories with the same id share an initial state.
+
+    Returns:
+        ``(unique_ids (G,) ascending, mean (G,), std (G,), counts (G,))``. The std uses Bessel's
+        correction (n - 1, like ``torch.std``); a singleton group has std 0 (it carries no
+        in-group signal), and a group of identical rewards has std exactly 0.
+    """
+    if scores.dim() != 1 or scores.shape != group_ids.shape:
+        raise ValueError(
+            f"scores {tuple(scores.shape)} and group_ids {tuple(group_ids.shape)} must both be (N,): one per trajectory"
+        )
+    unique, inverse, counts = _group_index(group_ids)
+    g = unique.shape[0]
+    dtype = scores.dtype if scores.is_floating_point() else torch.float32
+    x = scores.to(dtype)
+    n = counts.to(dtype)
+    total = torch.zeros(g, dtype=dtype, device=x.device).index_add_(0, inverse, x)
+    mean = total / n
+    sq = torch.zeros(g, dtype=dtype, device=x.device).index_add_(0, inverse, (x - mean[inverse]) ** 2)
+    std = (sq / (n - 1).clamp(min=1)).sqrt()
+    gmax = torch.full((g,), float("-inf"), dtype=dtype, device=x.device).scatter_reduce_(0, inverse, x, "amax")
+    gmin = torch.full((g,), float("inf"), dtype=dtype, device=x.device).scatter_reduce_(0, inverse, x, "amin")
+    std = torch.where((counts > 1) & (gmax > gmin), std, torch.zeros_like(std))
+    return unique, mean, std, counts
+
+
+def grpo_scores(
+    scores: Tensor,
+    group_ids: Tensor,
+    *,
+    scale_by_std: bool = True,
+    std_level: StdLevel = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GRPO advantage per trajectory: reward minus its group's mean, optionally divided by a std.
+
+    Edge cases (decided here, tested):
+      * singleton group (one rollout for that initial state): advantage 0 (no baseline exists);
+      * zero-variance group (all rewards equal): advantage exactly 0 (no signal; such groups are
+        what uncertainty filtering removes).
+
+    Args:
+        scores: (N,) float, trajectory rewards R.
+        group_ids: (N,) int, rollouts sharing an initial state share an id.
+        scale_by_std: divide by a std (GRPO). False = Dr. GRPO (mean-centring only).
+        std_level: ``"group"`` divides by each group's unbiased std (GRPO, DeepSeekMath);
+            ``"batch"`` divides by the unbiased std of all N rewards (group-mean baseline, batch-level
+            scale, as in Lite PPO / REINFORCE++-baseline). Ignored when ``scale_by_std=False``.
+        eps: added to the std before dividing.
+
+    Returns:
+        (N,) float advantages.
+    """
+    if std_level not in ("group", "batch"):
+        raise ValueError(f"std_level={std_level!r}: expected 'group' or 'batch'")
+    _, mean, std, counts = group_stats(scores, group_ids)
+    _, inverse, _ = _group_index(group_ids)
+    x = scores.to(mean.dtype)
+    centered = x - mean[inverse]  # (N,)
+    if scale_by_std:
+        if std_level == "group":
+            scale = std[inverse] + eps
+        else:
+            batch_std = x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype, device=x.device)
+            scale = (batch_std + eps).expand_as(centered)
+        # a denominator of 0 only happens together with a zero numerator (eps = 0): define it as 0
+        centered = centered / torch.where(scale > 0, scale, torch.ones_like(scale))
+    no_signal = (counts[inverse] < 2) | (std[inverse] == 0)
+    return torch.where(no_signal, torch.zeros_like(centered), centered)
+
+
+def grpo_advantages(
+    scores: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    scale_by_std: bool = True,
+    std_level: StdLevel = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GRPO advantages broadcast to every policy token of each trajectory (see ``grpo_scores``).
+
+    Normalisation happens over trajectory rewards within the group (common practice, as in verl and
+    TRL), not over tokens; every policy token of a trajectory gets the same advantage.
+
+    Args:
+        scores: (N,) float, trajectory rewards.
+        group_ids: (N,) int, same id = same initial state.
+        response_mask: (N, T) 0/1; 1 = token the policy sampled (trained on).
+        scale_by_std, std_level, eps: see ``grpo_scores``.
+
+    Returns:
+        (N, T) float, the trajectory's advantage on mask-1 tokens, 0 elsewhere.
+    """
+    m = check_mask(response_mask, "response_mask")
+    if m.dim() != 2 or m.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"response_mask has shape {tuple(m.shape)}, expected ({scores.shape[0]}, T): one row per score"
+        )
+    adv = grpo_scores(scores, group_ids, scale_by_std=scale_by_std, std_level=std_level, eps=eps)  # (N,)
+    full = adv.unsqueeze(1).expand(m.shape)
+    return torch.where(m, full, torch.zeros_like(full))
+
+
+def batch_norm_advantages(scores: Tensor, response_mask: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """The paper's "normalised cumulative reward": z-score of trajectory rewards over the batch.
+
+    Each trajectory's advantage is ``(R - mean(R)) / (std(R) + eps)`` (unbiased std over the N
+    trajectories), broadcast to its policy tokens. With one trajectory, or all rewards equal, every
+    advantage is exactly 0.
+
+    Args:
+        scores: (N,) float, trajectory rewards.
+        response_mask: (N, T) 0/1; 1 = token the policy sampled (trained on).
+
+    Returns:
+        (N, T) float advantages, 0 where the mask is 0.
+    """
+    m = check_mask(response_mask, "response_mask")
+    if scores.dim() != 1 or m.dim() != 2 or m.shape[0] != scores.shape[0]:
+        raise ValueError(f"scores {tuple(scores.shape)} must be (N,) and response_mask {tuple(m.shape)} must be (N, T)")
+    x = scores.to(torch.float32) if not scores.is_floating_point() else scores
+    if x.numel() < 2 or bool((x.max() == x.min()).item()):
+        adv = torch.zeros_like(x)
+    else:
+        adv = (x - x.mean()) / (x.std() + eps)
+    full = adv.unsqueeze(1).expand(m.shape)
+    return torch.where(m, full, torch.zeros_like(full))
