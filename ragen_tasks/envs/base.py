@@ -41,7 +41,7 @@ def canonical_action(text: str, action_names: Sequence[str]) -> str | None:
 class TextGame(gym.Env[str, str]):
     """Base class for the text games: holds the shared contract, no game logic."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 (gymnasium declares it an instance attribute)
     #: Registry name of the game, e.g. ``"sokoban"``.
     name: ClassVar[str] = ""
 
@@ -53,5 +53,5 @@ class TextGame(gym.Env[str, str]):
     def legend(self) -> Mapping[str, str]:
         raise NotImplementedError
 
-    def render(self) -> str:  # type: ignore[override]
+    def render(self) -> str:
         raise NotImplementedError

@@ -1,0 +1,281 @@
+"""FrozenLake: the multi-turn, stochastic RAGEN game, with Gymnasium FrozenLake-v1's transition law.
+
+Maps use Gymnasium's letters (``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal). A random map has
+each tile frozen with probability ``p_frozen``, a random start and goal, and is regenerated until a
+path exists. The board the agent sees uses RAGEN's symbols (see ``LEGEND``). Slippery moves go in the
+intended direction with ``success_rate`` (1/3), else in one of the two perpendicular directions
+with equal probability; a move into the edge leaves the player in place. This is exactly the table
+``P`` Gymnasium builds for the same map (a test compares them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from ragen_tasks.envs._common import GameConfig, action_space, load_config, step_info, text_space
+from ragen_tasks.envs.base import TextGame, canonical_action
+
+#: Action names in Gymnasium's order (0 Left, 1 Down, 2 Right, 3 Up).
+ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
+_DELTAS: tuple[tuple[int, int], ...] = ((0, -1), (1, 0), (0, 1), (-1, 0))
+
+LEGEND: Mapping[str, str] = {
+    "P": "player",
+    "_": "frozen tile",
+    "O": "hole",
+    "G": "goal",
+    "X": "player fell into a hole",
+    "√": "player on the goal",
+}
+_TILE_SYMBOL = {"S": "_", "F": "_", "H": "O", "G": "G"}
+_PLAYER_SYMBOL = {"S": "P", "F": "P", "H": "X", "G": "√"}
+MAX_SIZE = 32
+
+
+class FrozenLakeConfig(GameConfig):
+    """FrozenLake options: a random ``size`` x ``size`` map, or a fixed map ``desc``."""
+
+    size: int = Field(4, ge=2, le=MAX_SIZE, description="side of a random map (ignored when desc is given)")
+    p_frozen: float = Field(0.8, gt=0, le=1, description="probability that a tile of a random map is frozen")
+    desc: tuple[str, ...] | None = Field(
+        None, description="fixed map: rows of S/F/H/G letters (Gymnasium's format), one S and one G"
+    )
+    is_slippery: bool = Field(True, description="slippery dynamics (False: every move goes where intended)")
+    success_rate: float = Field(
+        1.0 / 3.0, gt=0, le=1, description="probability of the intended direction when slippery (Gymnasium's)"
+    )
+    generation_tries: int = Field(1000, ge=1, description="random maps drawn before giving up (path must exist)")
+
+    @field_validator("desc")
+    @classmethod
+    def _desc_ok(cls, desc: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if desc is None:
+            return None
+        if not desc or not desc[0]:
+            raise ValueError("must have at least one row with at least one tile")
+        if len(desc) > MAX_SIZE or len(desc[0]) > MAX_SIZE:
+            raise ValueError(f"must be at most {MAX_SIZE}x{MAX_SIZE}")
+        if any(len(row) != len(desc[0]) for row in desc):
+            raise ValueError("rows must all have the same length")
+        bad = sorted({ch for row in desc for ch in row} - set("SFHG"))
+        if bad:
+            raise ValueError(f"unknown letters {bad}; allowed letters: S (start), F (frozen), H (hole), G (goal)")
+        for letter in "SG":
+            count = sum(row.count(letter) for row in desc)
+            if count != 1:
+                raise ValueError(f"needs exactly one {letter!r}, found {count}")
+        if shortest_path(desc) is None:
+            raise ValueError("no path from S to G avoiding holes")
+        return desc
+
+
+def _find(desc: Sequence[str], letter: str) -> tuple[int, int]:
+    for r, row in enumerate(desc):
+        c = row.find(letter)
+        if c >= 0:
+            return (r, c)
+    raise ValueError(f"map has no {letter!r}")
+
+
+def _move(r: int, c: int, action: int, nrow: int, ncol: int) -> tuple[int, int]:
+    dr, dc = _DELTAS[action]
+    return (min(max(r + dr, 0), nrow - 1), min(max(c + dc, 0), ncol - 1))
+
+
+def shortest_path(
+    desc: Sequence[str], start: tuple[int, int] | None = None, goal: tuple[int, int] | None = None
+) -> list[str] | None:
+    """Fewest actions from ``start`` to ``goal`` avoiding holes, ignoring slip (for demonstrations).
+
+    ``start``/``goal`` are (row, col) and default to the map's ``S``/``G``. Returns action names, or
+    None when no path exists.
+    """
+    start = _find(desc, "S") if start is None else start
+    goal = _find(desc, "G") if goal is None else goal
+    nrow, ncol = len(desc), len(desc[0])
+    parent: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            path: list[str] = []
+            step = parent[cell]
+            while step is not None:
+                cell, action = step
+                path.append(ACTIONS[action])
+                step = parent[cell]
+            return path[::-1]
+        for action in range(4):
+            nxt = _move(cell[0], cell[1], action, nrow, ncol)
+            if nxt not in parent and desc[nxt[0]][nxt[1]] != "H":
+                parent[nxt] = (cell, action)
+                queue.append(nxt)
+    return None
+
+
+def generate_map(rng: np.random.Generator, size: int, p_frozen: float, tries: int) -> tuple[str, ...]:
+    """A random ``size`` x ``size`` map with a random start and goal and a path between them."""
+    for _ in range(tries):
+        frozen = rng.random((size, size)) < p_frozen
+        start, goal = rng.choice(size * size, size=2, replace=False).tolist()
+        rows = [["F" if f else "H" for f in row] for row in frozen.tolist()]
+        rows[start // size][start % size] = "S"
+        rows[goal // size][goal % size] = "G"
+        desc = tuple("".join(row) for row in rows)
+        if shortest_path(desc) is not None:
+            return desc
+    raise RuntimeError(
+        f"frozen_lake: no {size}x{size} map with a path from start to goal in {tries} tries at "
+        f"p_frozen={p_frozen}; raise p_frozen or generation_tries"
+    )
+
+
+def transition_table(
+    desc: Sequence[str], *, is_slippery: bool = True, success_rate: float = 1.0 / 3.0
+) -> list[list[list[tuple[float, int]]]]:
+    """``table[s][a]`` = [(probability, next_state), ...] from a non-terminal state ``s`` (row * ncol + col).
+
+    The law is Gymnasium's: the intended direction ``a`` with ``success_rate`` and ``(a - 1) % 4``,
+    ``(a + 1) % 4`` with ``(1 - success_rate) / 2`` each when slippery. Holes and the goal are
+    terminal: their rows are empty.
+    """
+    nrow, ncol = len(desc), len(desc[0])
+    fail_rate = (1.0 - success_rate) / 2.0
+    table: list[list[list[tuple[float, int]]]] = []
+    for s in range(nrow * ncol):
+        r, c = divmod(s, ncol)
+        if desc[r][c] in "GH":
+            table.append([[] for _ in range(4)])
+            continue
+        per_action = []
+        for a in range(4):
+            outcomes = [(a - 1) % 4, a, (a + 1) % 4] if is_slippery else [a]
+            entries = []
+            for b in outcomes:
+                p = (success_rate if b == a else fail_rate) if is_slippery else 1.0
+                nr, nc = _move(r, c, b, nrow, ncol)
+                entries.append((p, nr * ncol + nc))
+            per_action.append(entries)
+        table.append(per_action)
+    return table
+
+
+class FrozenLakeEnv(TextGame):
+    """Walk from the start to the goal across a slippery lake without falling into a hole.
+
+    ## Action Space
+    ``Left``, ``Down``, ``Right``, ``Up`` (case-insensitive).
+
+    ## Observation
+    The board, one text row per map row: ``P`` player, ``_`` frozen, ``O`` hole, ``G`` goal,
+    ``X`` player in a hole, ``√`` player on the goal.
+
+    ## Rewards
+    1 on reaching the goal, else 0 (an invalid action gives 0).
+
+    ## Episode End
+    Terminated in a hole or on the goal (``info["success"]`` = on the goal); truncated after
+    ``max_actions_per_episode`` valid actions.
+
+    ## Arguments
+    See ``FrozenLakeConfig`` (``size``, ``p_frozen``, ``desc``, ``is_slippery``, ``success_rate``).
+    """
+
+    name = "frozen_lake"
+    render_mode = "ansi"
+
+    def __init__(self, config: FrozenLakeConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = load_config(FrozenLakeConfig, self.name, overrides)
+        elif overrides:
+            raise ValueError(
+                f"frozen_lake: pass either a FrozenLakeConfig or keyword options, not both ({sorted(overrides)})"
+            )
+        self.config = config
+        rows = len(config.desc) if config.desc else config.size
+        cols = len(config.desc[0]) if config.desc else config.size
+        self.observation_space = text_space(rows * (cols + 1), LEGEND)
+        self.action_space = action_space(ACTIONS)
+        self.desc: tuple[str, ...] = config.desc or ()
+        self._table: list[list[list[tuple[float, int]]]] = []
+        self._ncol = cols
+        self._state = 0
+        self._actions = 0
+        self._boards: dict[int, str] = {}
+        if config.desc is not None:
+            self._set_map(config.desc)
+
+    def _set_map(self, desc: tuple[str, ...]) -> None:
+        self.desc = desc
+        self._ncol = len(desc[0])
+        self._table = transition_table(desc, is_slippery=self.config.is_slippery, success_rate=self.config.success_rate)
+        self._flat = "".join(desc)
+        self._boards = {}
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        return ACTIONS
+
+    @property
+    def legend(self) -> Mapping[str, str]:
+        return LEGEND
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(row, col) of the player."""
+        r, c = divmod(self._state, self._ncol)
+        return (r, c)
+
+    def render(self) -> str:
+        board = self._boards.get(self._state)
+        if board is None:  # boards depend only on the player's cell: build each once per map
+            cells = [_TILE_SYMBOL[ch] for ch in self._flat]
+            cells[self._state] = _PLAYER_SYMBOL[self._flat[self._state]]
+            board = "\n".join("".join(cells[i : i + self._ncol]) for i in range(0, len(cells), self._ncol))
+            self._boards[self._state] = board
+        return board
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if self.config.desc is None:
+            cfg = self.config
+            self._set_map(generate_map(self.np_random, cfg.size, cfg.p_frozen, cfg.generation_tries))
+        self._state = self._flat.index("S")
+        self._actions = 0
+        return self.render(), {"success": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        tile = self._flat[self._state]
+        terminated = tile in "GH"
+        truncated = not terminated and self._actions >= self.config.max_actions_per_episode
+        name = canonical_action(action, ACTIONS) if isinstance(action, str) else None
+        if name is None or terminated or truncated:
+            info = step_info(valid=name is not None, effective=False, success=tile == "G")
+            return self.render(), 0.0, terminated, truncated, info
+        entries = self._table[self._state][ACTIONS.index(name)]
+        u = self.np_random.random()
+        nxt = entries[-1][1]
+        for p, s in entries:
+            if u < p:
+                nxt = s
+                break
+            u -= p
+        effective = nxt != self._state
+        self._state = nxt
+        self._actions += 1
+        tile = self._flat[nxt]
+        terminated = tile in "GH"
+        truncated = not terminated and self._actions >= self.config.max_actions_per_episode
+        reward = 1.0 if tile == "G" else 0.0
+        return (
+            self.render(),
+            reward,
+            terminated,
+            truncated,
+            step_info(valid=True, effective=effective, success=tile == "G"),
+        )
