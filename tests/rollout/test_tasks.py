@@ -1,0 +1,56 @@
+"""make_group_tasks / make_eval_tasks: groups share a seed, seeds are deterministic, envs mixed by weight."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from ragen_tasks.config import EnvSpec
+from ragen_tasks.rollout.loop import make_eval_tasks, make_group_tasks
+
+SPECS = [EnvSpec(name="bandit", weight=1.0), EnvSpec(name="sokoban", weight=3.0, config={"size": 6})]
+
+
+def test_groups_share_the_initial_state_and_differ_between_groups() -> None:
+    tasks = make_group_tasks(SPECS, groups=8, group_size=4, seed=0, iteration=2)
+    assert len(tasks) == 32 and len({t.traj_id for t in tasks}) == 32
+    by_group: dict[int, set[tuple[str, int]]] = {}
+    for t in tasks:
+        by_group.setdefault(t.group_id, set()).add((t.env_name, t.seed))
+    assert all(len(v) == 1 for v in by_group.values())
+    assert len({next(iter(v))[1] for v in by_group.values()}) == 8  # distinct seeds (astronomically likely)
+    counts = Counter(next(iter(v))[0] for v in by_group.values())
+    assert counts == {"bandit": 2, "sokoban": 6}
+    assert all(t.env_config == {"size": 6} for t in tasks if t.env_name == "sokoban")
+
+
+def test_seeds_are_deterministic_and_depend_on_iteration_and_seed() -> None:
+    a = make_group_tasks(SPECS, groups=4, group_size=2, seed=1, iteration=0)
+    assert a == make_group_tasks(SPECS, groups=4, group_size=2, seed=1, iteration=0)
+    b = make_group_tasks(SPECS, groups=4, group_size=2, seed=1, iteration=1)
+    c = make_group_tasks(SPECS, groups=4, group_size=2, seed=2, iteration=0)
+    assert [t.seed for t in a] != [t.seed for t in b] and [t.seed for t in a] != [t.seed for t in c]
+    assert all(0 <= t.seed < 1_000_000 for t in a + b + c)
+
+
+def test_largest_remainder_split_and_offsets() -> None:
+    tasks = make_group_tasks(
+        [EnvSpec(name="a"), EnvSpec(name="b"), EnvSpec(name="c")], groups=4, group_size=1, seed=0, iteration=0,
+        seed_offset=5000, seed_space=10,
+    )
+    assert sorted(Counter(t.env_name for t in tasks).values()) == [1, 1, 2]
+    assert all(5000 <= t.seed < 5010 for t in tasks)
+
+
+def test_eval_tasks_use_held_out_seeds() -> None:
+    tasks = make_eval_tasks(SPECS, num_seeds=3, seed_offset=1_000_000)
+    assert [t.seed for t in tasks] == [1_000_000, 1_000_001, 1_000_002] * 2
+    assert len({t.traj_id for t in tasks}) == 6 and len({t.group_id for t in tasks}) == 6
+
+
+@pytest.mark.parametrize("kw", [{"groups": 0}, {"group_size": 0}, {"seed": -1}])
+def test_bad_arguments(kw: dict[str, int]) -> None:
+    args = {"groups": 2, "group_size": 2, "seed": 0, "iteration": 0, **kw}
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        make_group_tasks(SPECS, **args)
