@@ -1,0 +1,162 @@
+"""prefect.yaml: parses with Prefect's own model, names known pools, resolves its templates and
+entrypoints, and keeps the nightly training schedule registered inactive.
+
+Offline only: nothing is deployed or built here. The entrypoint checks load each flow the way
+`prefect deploy` does (`load_flow_from_entrypoint`) and are skipped, with the reason, while the
+flow file does not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prefect.utilities.templating import apply_values, find_placeholders
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT_YAML = ROOT / "prefect.yaml"
+POOL_TEMPLATES = {
+    "k8s-gpu": ROOT / "k8s" / "base-job-template-gpu.json",
+    "k8s-cpu": ROOT / "k8s" / "base-job-template-cpu.json",
+}
+KNOWN_POOLS = {"local-process", *POOL_TEMPLATES}
+ENTRYPOINT = re.compile(r"^flows/[a-z_]+\.py:[a-z_]+$")
+GIT_SHA_STEP = "get-commit-hash"
+
+
+def load() -> dict[str, Any]:
+    data = yaml.safe_load(PREFECT_YAML.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def deployments() -> list[dict[str, Any]]:
+    return list(load()["deployments"])
+
+
+def by_name(name: str) -> dict[str, Any]:
+    (dep,) = [d for d in deployments() if d["name"] == name]
+    return dep
+
+
+def step_body(step: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    ((fn, body),) = step.items()
+    return fn, body
+
+
+def fake_step_outputs(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the build steps would return (prefect_docker's BuildDockerImageResult keys)."""
+    outputs: dict[str, Any] = {}
+    for step in steps:
+        fn, body = step_body(step)
+        if fn.endswith("run_shell_script"):
+            outputs[body["id"]] = {"stdout": "abc1234", "stderr": ""}
+        elif fn.endswith("build_docker_image"):
+            name = body["image_name"].replace("{{ $RAGEN_IMAGE_REGISTRY }}", "registry.example")
+            outputs[body["id"]] = {"image_name": name, "tag": "abc1234", "image": f"{name}:abc1234"}
+    return outputs
+
+
+def test_parses_with_prefects_own_model() -> None:
+    models = pytest.importorskip("prefect.cli.deploy._models", reason="Prefect moved its prefect.yaml model")
+    raw = load()
+    model = models.PrefectYamlModel.model_validate(raw)
+    assert len(model.deployments) == len(raw["deployments"])
+    allowed = set(models.DeploymentConfig.model_fields)
+    for dep in raw["deployments"]:
+        # DeploymentConfig ignores unknown keys: a typo would be silently dropped, so check here.
+        assert set(dep) <= allowed, f"{dep['name']}: unknown keys {set(dep) - allowed}"
+        for schedule in dep.get("schedules") or []:
+            models.RawScheduleConfig.model_validate(schedule)  # extra="forbid"
+
+
+def test_expected_deployments_on_known_pools() -> None:
+    names = [d["name"] for d in deployments()]
+    assert len(names) == len(set(names))
+    assert {"train", "evaluate", "regression-eval", "rollout-worker"} <= set(names)
+    for dep in deployments():
+        assert dep["work_pool"]["name"] in KNOWN_POOLS, dep["name"]
+        assert ENTRYPOINT.match(dep["entrypoint"]), f"{dep['name']}: entrypoint {dep['entrypoint']!r}"
+    assert by_name("train")["work_pool"]["name"] == "k8s-gpu"
+    assert by_name("rollout-worker")["work_pool"]["name"] == "k8s-gpu"
+    assert {d["work_pool"]["name"] for d in deployments()} == KNOWN_POOLS
+
+
+def test_definitions_anchor_the_pools() -> None:
+    pools = load()["definitions"]["work_pools"]
+    assert {p["name"] for p in pools.values()} == KNOWN_POOLS
+    # yaml anchors resolve to the same mapping, so a deployment's pool *is* a definition.
+    assert all(any(d["work_pool"] == p for p in pools.values()) for d in deployments())
+
+
+def test_nightly_training_schedule_is_registered_inactive() -> None:
+    schedules_mod = pytest.importorskip("prefect.cli.deploy._schedules", reason="Prefect moved its schedule builder")
+    (schedule,) = by_name("train")["schedules"]
+    built = schedules_mod._schedule_config_to_deployment_schedule(schedule)
+    assert built["active"] is False
+    assert built["schedule"].cron == "0 2 * * *"
+    for dep in deployments():
+        if dep["name"] != "train":
+            assert not dep.get("schedules"), f"{dep['name']} should run on demand only"
+
+
+@pytest.mark.parametrize("dep", [d for d in deployments() if d["work_pool"]["name"] in POOL_TEMPLATES], ids=str)
+def test_cluster_deployment_builds_its_image_tagged_with_the_git_sha(dep: dict[str, Any]) -> None:
+    build, push = dep["build"], dep["push"]
+    fn, sha = step_body(build[0])
+    assert fn == "prefect.deployments.steps.run_shell_script"
+    assert (sha["id"], sha["script"]) == (GIT_SHA_STEP, "git rev-parse --short HEAD")
+    images = [body for fn, body in map(step_body, build) if fn.endswith("build_docker_image")]
+    assert len(images) == 1, "each cluster deployment builds exactly the image it runs"
+    (image,) = images
+    assert image["tag"] == "{{ get-commit-hash.stdout }}"
+    assert (ROOT / image["dockerfile"]).is_file(), image["dockerfile"]
+    assert [step_body(s)[0] for s in push] == ["prefect_docker.deployments.steps.push_docker_image"]
+    assert step_body(push[0])[1]["image_name"] == "{{ " + image["id"] + ".image_name }}"
+
+    outputs = fake_step_outputs(build)
+    job_variables = apply_values(dep["work_pool"]["job_variables"], outputs)
+    assert not find_placeholders(json.dumps(job_variables)), job_variables
+    assert job_variables["image"] == outputs[image["id"]]["image"]
+    # Every job variable is one the pool's base job template declares.
+    template = json.loads(POOL_TEMPLATES[dep["work_pool"]["name"]].read_text())
+    assert set(job_variables) <= set(template["variables"]["properties"])
+
+
+def test_pull_steps_match_where_the_images_put_the_code() -> None:
+    data = load()
+    (step,) = data["pull"]
+    fn, body = step_body(step)
+    assert fn == "prefect.deployments.steps.set_working_directory"
+    for dockerfile in (ROOT / "docker").glob("Dockerfile.*"):
+        assert f"WORKDIR {body['directory']}" in dockerfile.read_text(), dockerfile.name
+    for dep in deployments():
+        if dep["work_pool"]["name"] == "local-process":
+            assert dep["build"] == [] and dep["push"] == [], dep["name"]
+            assert step_body(dep["pull"][0])[1]["directory"] == "{{ $RAGEN_HOME }}"
+
+
+@pytest.mark.parametrize("dep", deployments(), ids=lambda d: d["name"])
+def test_entrypoint_resolves_to_a_flow_accepting_the_parameters(dep: dict[str, Any]) -> None:
+    path, func = dep["entrypoint"].split(":")
+    if not (ROOT / path).is_file():
+        pytest.skip(f"{path} does not exist yet (the flows are written separately); enabled once it does")
+    from prefect.flows import Flow, load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    flow = load_flow_from_entrypoint(str(ROOT / dep["entrypoint"]))
+    assert isinstance(flow, Flow), f"{dep['entrypoint']} is not a @flow"
+    assert flow.fn.__name__ == func
+    schema = parameter_schema(flow)
+    properties = set(schema.properties)
+    given = set(dep.get("parameters") or {})
+    for schedule in dep.get("schedules") or []:
+        given |= set(schedule.get("parameters") or {})
+    assert given <= properties, f"{dep['name']}: parameters {given - properties} not in the flow signature"
+    # Typed parameters, so the UI renders a form: every property has a type (or a $ref / anyOf).
+    for name, prop in schema.properties.items():
+        assert {"type", "$ref", "anyOf", "allOf"} & set(prop), f"{dep['name']}.{name} has no type"
