@@ -11,6 +11,13 @@ from ragen_tasks.algos.advantages import (
     grpo_advantages,
     grpo_scores,
 )
+from ragen_tasks.algos.echo_trap import (
+    EchoTrapRules,
+    EchoTrapSignal,
+    detect_echo_trap,
+    first_signals,
+    latest_signals,
+)
 from ragen_tasks.algos.filtering import filter_groups, num_groups_kept
 from ragen_tasks.algos.health import (
     mean_metrics,
@@ -30,10 +37,14 @@ from ragen_tasks.algos.masked import masked_mean, masked_sum, masked_var, masked
 from ragen_tasks.algos.rewards import last_token_index, token_level_rewards, turn_level_rewards
 
 __all__ = [
+    "EchoTrapRules",
+    "EchoTrapSignal",
     "aggregate_loss",
     "batch_norm_advantages",
+    "detect_echo_trap",
     "entropy_from_logits",
     "filter_groups",
+    "first_signals",
     "gae_advantages",
     "group_stats",
     "grpo_advantages",
@@ -42,6 +53,7 @@ __all__ = [
     "kl_in_reward",
     "kl_loss",
     "last_token_index",
+    "latest_signals",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
