@@ -1,0 +1,251 @@
+"""Store round trips, commit protocol, crash/retry, races, tampering and key safety (file:// and s3://)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from ragen_tasks.data.manifest import ChecksumError, ManifestError
+from ragen_tasks.data.store import DIR_MANIFEST, Store
+
+_spec = importlib.util.spec_from_file_location("_data_factory", Path(__file__).with_name("_factory.py"))
+assert _spec is not None and _spec.loader is not None
+factory = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(factory)
+
+W = {"producer": "test", "policy_version": 3, "weights_fingerprint": "f" * 64}
+
+
+def _stage_files(store: Store, run: str = "run1", it: int = 0, stage: str = "rollouts") -> list[str]:
+    path = f"{store._root}/{run}/iter_{it:06d}/{stage}"
+    if not store.fs.exists(path):
+        return []
+    return sorted(str(p).rsplit("/", 1)[-1] for p in store.fs.ls(path, detail=False))
+
+
+def test_round_trip_identical_on_file_and_s3(tmp_path: Path, s3_bucket: str) -> None:
+    batch = factory.make_batch(16)
+    results = []
+    for root in (f"file://{tmp_path}/store", str(tmp_path / "plain"), f"s3://{s3_bucket}/runs"):
+        store = Store(root)
+        written = store.write_trajectories("run1", 0, "rollouts", batch, **W, extra={"groups": 4})
+        got, manifest = store.read_trajectories("run1", 0, "rollouts")
+        assert manifest == written and manifest.num_rows == 16 and manifest.extra == {"groups": 4}
+        results.append(got)
+    assert results[0] == results[1] == results[2]
+    # float32 log-probs: equal to the input after rounding to float32, everything else exact
+    assert [t.input_ids for t in results[0]] == [t.input_ids for t in batch]
+    assert [t.traj_id for t in results[0]] == [t.traj_id for t in batch]
+
+
+def test_json_round_trip_and_idempotent_retry(store_root: str) -> None:
+    store = Store(store_root)
+    m1 = store.write_json("run1", 2, "eval", "results", {"success": 0.5, "seeds": [1, 2]}, producer="eval")
+    m2 = store.write_json("run1", 2, "eval", "results", {"success": 0.9}, producer="other")  # retry: no rewrite
+    assert m1 == m2
+    obj, manifest = store.read_json("run1", 2, "eval", "results")
+    assert obj == {"success": 0.5, "seeds": [1, 2]} and manifest.producer == "eval"
+    assert store.has_manifest("run1", 2, "eval", "results")
+    assert not store.has_manifest("run1", 3, "eval", "results")
+
+
+def test_retry_returns_existing_manifest_without_rewriting(store_root: str) -> None:
+    store = Store(store_root)
+    first = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(4), **W)
+    before = _stage_files(store)
+    second = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(6, seed=9), **{**W, "producer": "retry"})
+    assert second == first and _stage_files(store) == before
+    assert len(store.read_trajectories("run1", 0, "rollouts")[0]) == 4
+
+
+def test_missing_manifest_is_a_clear_error(store_root: str) -> None:
+    store = Store(store_root)
+    with pytest.raises(ManifestError, match="manifest is missing"):
+        store.read_trajectories("run1", 0, "batch")
+
+
+def test_last_committed_iteration(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    assert store.last_committed_iteration("run1", "batch") is None
+    for k in range(3):
+        store.write_trajectories("run1", k, "batch", factory.make_batch(2), **W)
+    assert store.last_committed_iteration("run1", "batch") == 2
+
+
+def test_tampered_object_fails_with_checksum_error(store_root: str) -> None:
+    store = Store(store_root)
+    manifest = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(4), **W)
+    path = f"{store._root}/run1/iter_000000/rollouts/{manifest.objects[0].name}"
+    data = bytearray(store.fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF
+    store.fs.pipe_file(path, bytes(data))
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        store.read_trajectories("run1", 0, "rollouts")
+
+
+_CRASHING_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys, importlib.util
+    sys.path.insert(0, {tests!r})
+    spec = importlib.util.spec_from_file_location("f", {factory!r}); f = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(f)
+    from ragen_tasks.data.store import Store
+    if sys.argv[1] == "crash":  # die the moment the manifest would be written: data is uploaded, manifest not
+        Store._create_bytes = lambda self, key, data: os.kill(os.getpid(), signal.SIGKILL)
+    Store({root!r}).write_trajectories("run1", 0, "rollouts", f.make_batch(8), producer="w", policy_version=3,
+                                       weights_fingerprint="f" * 64)
+    """
+)
+
+
+def test_writer_killed_between_data_and_manifest(store_root: str, tmp_path: Path) -> None:
+    here = Path(__file__).parent
+    script = tmp_path / "writer.py"
+    script.write_text(_CRASHING_WRITER.format(tests=str(here), factory=str(here / "_factory.py"), root=store_root))
+    crashed = subprocess.run([sys.executable, str(script), "crash"], env=os.environ.copy(), timeout=120)
+    assert crashed.returncode == -9
+    store = Store(store_root)
+    assert [f for f in _stage_files(store) if f.endswith(".parquet")], "data objects were uploaded before the kill"
+    assert not store.has_manifest("run1", 0, "rollouts")
+    with pytest.raises(ManifestError):
+        store.read_trajectories("run1", 0, "rollouts")
+    retry = subprocess.run([sys.executable, str(script), "retry"], env=os.environ.copy(), timeout=120)
+    assert retry.returncode == 0
+    files = _stage_files(store)
+    assert len([f for f in files if f.endswith(".parquet")]) == 1, files  # nothing duplicated
+    assert files.count("trajectories.manifest.json") == 1
+    assert [t.traj_id for t in store.read_trajectories("run1", 0, "rollouts")[0]] == [f"t{i:05d}" for i in range(8)]
+
+
+@pytest.mark.parametrize("writers", [8])
+def test_create_only_manifest_exactly_one_winner(store_root: str, writers: int) -> None:
+    """Racing create-only writes of one key: exactly one succeeds (file: os.link/EEXIST; S3: If-None-Match)."""
+    store = Store(store_root)
+    barrier = threading.Barrier(writers)
+    wins: list[int] = []
+
+    def write(i: int) -> None:
+        barrier.wait()
+        if store._create_bytes("run1/iter_000000/batch/race.manifest.json", f"writer {i}".encode()):
+            wins.append(i)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert store.fs.cat_file(f"{store._root}/run1/iter_000000/batch/race.manifest.json") == f"writer {wins[0]}".encode()
+
+
+def test_racing_batch_writers_agree_on_one_manifest(store_root: str) -> None:
+    store = Store(store_root)
+    barrier = threading.Barrier(4)
+    out: dict[int, object] = {}
+
+    def write(i: int) -> None:
+        barrier.wait()
+        out[i] = store.write_trajectories("run1", 0, "batch", factory.make_batch(3, seed=i), **{**W, "producer": f"w{i}"})
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stored = store.read_manifest("run1", 0, "batch")
+    assert all(m == stored for m in out.values())  # every writer reports the one committed manifest
+    winner = int(stored.producer[1:])
+    got, _ = store.read_trajectories("run1", 0, "batch")  # the winner's bytes are intact (checksums pass)
+    assert [t.input_ids for t in got] == [t.input_ids for t in factory.make_batch(3, seed=winner)]
+
+
+def test_planted_pickle_is_never_loaded(store_root: str, tmp_path: Path) -> None:
+    sentinel = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (open, (str(sentinel), "w"))
+
+    store = Store(store_root)
+    manifest = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(2), **W)
+    stage = f"{store._root}/run1/iter_000000/rollouts"
+    payload = pickle.dumps(Evil())
+    store.fs.pipe_file(f"{stage}/trajectories-00001-evil.pkl", payload)  # planted beside the batch
+    got, _ = store.read_trajectories("run1", 0, "rollouts")  # manifest-only: the pickle is not even read
+    assert len(got) == 2
+    # A manifest rewritten to point at the pickle is refused by name, before the object is read.
+    raw = json.loads(store.fs.cat_file(f"{stage}/trajectories.manifest.json"))
+    raw["objects"][0]["name"] = "trajectories-00001-evil.pkl"
+    store.fs.pipe_file(f"{stage}/trajectories.manifest.json", json.dumps(raw).encode())
+    with pytest.raises(ValueError, match="must end with"):
+        store.read_trajectories("run1", 0, "rollouts")
+    # Pickle bytes under a .parquet name: parquet refuses them, they are never unpickled.
+    raw["objects"][0]["name"] = manifest.objects[0].name
+    store.fs.pipe_file(f"{stage}/trajectories.manifest.json", json.dumps(raw).encode())
+    store.fs.pipe_file(f"{stage}/{manifest.objects[0].name}", payload)
+    with pytest.raises(ChecksumError):
+        store.read_trajectories("run1", 0, "rollouts")
+    assert not sentinel.exists()
+
+
+def test_no_pickle_in_the_data_plane() -> None:
+    root = Path(__file__).parents[2] / "ragen_tasks"
+    for folder in ("data", "validation"):
+        for path in (root / folder).glob("*.py"):
+            text = path.read_text()
+            assert "import pickle" not in text and "torch.load" not in text and "pd.read_pickle" not in text, path
+
+
+def test_checkpoint_folder_upload_download(store_root: str, tmp_path: Path) -> None:
+    local = tmp_path / "ckpt"
+    (local / "sub").mkdir(parents=True)
+    (local / "model.safetensors").write_bytes(os.urandom(3000))
+    (local / "sub" / "rng.json").write_text("{}")
+    (local / "COMMITTED.json").write_text('{"step": 5}')
+    store = Store(store_root)
+    uploaded: list[str] = []
+    real_put = store.fs.put_file
+    store.fs.put_file = lambda lp, rp, **kw: (uploaded.append(rp.rsplit("/", 1)[-1]), real_put(lp, rp, **kw))[1]
+    uri = store.upload_checkpoint(local, "run1", 5)
+    del store.fs.put_file
+    assert uploaded[-1] == "COMMITTED.json" and uri.endswith("run1/checkpoints/step_000005")
+    assert store.fs.exists(f"{store._root}/run1/checkpoints/step_000005/{DIR_MANIFEST}")
+    assert store.list_checkpoints("run1") == [5]
+    out = store.download_checkpoint("run1", 5, tmp_path / "restored")
+    for rel in ("model.safetensors", "sub/rng.json", "COMMITTED.json"):
+        assert (out / rel).read_bytes() == (local / rel).read_bytes()
+    assert store.download_checkpoint("run1", 5, tmp_path / "restored") == out  # idempotent
+    # A folder without the store manifest (upload killed before the marker) is refused.
+    store.fs.rm(f"{store._root}/run1/checkpoints/step_000005/{DIR_MANIFEST}")
+    assert store.list_checkpoints("run1") == []
+    with pytest.raises(ManifestError, match="not committed"):
+        store.download_checkpoint("run1", 5, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
+
+
+def test_checkpoint_download_detects_tampering(tmp_path: Path) -> None:
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    (local / "model.safetensors").write_bytes(b"weights")
+    store = Store(str(tmp_path / "store"))
+    store.upload_checkpoint(local, "run1", 1)
+    (tmp_path / "store/run1/checkpoints/step_000001/model.safetensors").write_bytes(b"evil")
+    with pytest.raises(ChecksumError):
+        store.download_checkpoint("run1", 1, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_credentials_never_logged(s3_bucket: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG", logger="ragen_tasks")
+    store = Store(f"s3://{s3_bucket}/runs")
+    store.write_trajectories("run1", 0, "rollouts", factory.make_batch(2), **W)
+    assert "s3://" in caplog.text and "testing" not in caplog.text
