@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,7 +92,7 @@ def test_same_seed_same_five_tuples(name: str) -> None:
 def test_same_seed_same_task_in_a_fresh_process() -> None:
     code = (
         "import json, sys\n"
-        "sys.path.insert(0, 'tests/envs')\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_registry import _rollout\n"
         "print(json.dumps({n: _rollout(n, 5) for n in ('bandit', 'sokoban', 'frozen_lake')}))\n"
     )
