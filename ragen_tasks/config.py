@@ -98,7 +98,15 @@ class FreshnessConfig(_Frozen):
 
 
 class StoreConfig(_Frozen):
+    """Where run data lives, and the reward bounds the batch validation (GX) enforces."""
+
     root: str = Field("runs", description="store root: a local folder, file://... or s3://bucket/prefix")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra fsspec/s3fs options; endpoint and credentials come from AWS_* env vars, never put secrets here",
+    )
+    reward_min: float = Field(-50.0, description="batch validation: lowest allowed trajectory reward")
+    reward_max: float = Field(50.0, description="batch validation: highest allowed trajectory reward")
 
 
 class CheckpointConfig(_Frozen):
