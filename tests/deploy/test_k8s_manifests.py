@@ -327,3 +327,13 @@ def test_network_policy_default_denies_and_allows_only_named_egress() -> None:
     for _, job in rendered_jobs():
         assert job["spec"]["template"]["metadata"]["labels"].items() >= job_labels.items()
     assert policies["allow-s3-egress"]["podSelector"]["matchLabels"] == job_labels
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_job_template_passes_prefect_server_validation(path: Path) -> None:
+    """The check the Prefect server runs on `prefect work-pool create --base-job-template`."""
+    from prefect.server.schemas.actions import WorkPoolCreate, validate_base_job_template
+
+    template = json.loads(path.read_text())
+    validate_base_job_template(template)
+    WorkPoolCreate(name="k8s-test", type="kubernetes", base_job_template=template)
