@@ -91,6 +91,9 @@ class OptimConfig(_Frozen):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     max_consecutive_skips: int = Field(3, ge=1, description="abort after this many non-finite steps in a row")
     seed: int = Field(0, description="minibatch shuffling / init seed")
+    amp_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="update compute dtype: bfloat16 = torch.autocast (weights and optimizer stay float32)"
+    )
 
 
 class FreshnessConfig(_Frozen):

@@ -1,0 +1,281 @@
+"""Exact, crash-safe checkpoints of the update stage.
+
+A checkpoint is one folder ``{root}/step_{k:06d}/``::
+
+    model.safetensors        actor weights (save_pretrained: loadable by transformers / vLLM)
+    config.json, generation_config.json, tokenizer files (when a tokenizer is given)
+    {name}.safetensors       extra models, e.g. critic.safetensors
+    optim_{name}.pt          optimizer / scheduler state dicts (torch.save; loaded weights_only=True)
+    rng.pt                   torch CPU (+ CUDA) RNG, python ``random`` and numpy RNG states
+    extra_state.pt           caller's state (shuffle generator, counters ...; weights_only types only)
+    COMMITTED.json           the marker, written LAST: step, policy version, fingerprint, sha256 of every file
+
+Protocol: every file is written into a fresh hidden temp folder, which is renamed into place; the
+marker is then written atomically (temp file + ``os.replace``). A folder without the marker, or whose
+files do not match the hashes in the marker, is refused by :func:`load_checkpoint`. ``keep_last``
+prunes old checkpoints only after the new one has committed, so a crash at any point leaves the
+previous committed checkpoint loadable.
+
+The fingerprint is the sha256 of ``model.safetensors``: rollouts carry it as ``weights_fingerprint``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMMITTED.json"
+WEIGHTS = "model.safetensors"
+FORMAT_VERSION = 1
+_TMP_PREFIX = ".tmp-"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint."""
+
+    path: Path
+    step: int
+    policy_version: int
+    fingerprint: str  # sha256 of model.safetensors
+    extra_state: dict[str, Any] = field(default_factory=dict)  # filled by load_checkpoint only
+
+
+class CheckpointError(RuntimeError):
+    """The folder is not a complete, untampered checkpoint."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    """Global RNG states as weights_only-loadable objects (tensors, ints, floats, tuples)."""
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    actor: torch.nn.Module,
+    optimizers: dict[str, Any],
+    tokenizer: Any = None,
+    models: dict[str, torch.nn.Module] | None = None,
+    extra_state: dict[str, Any] | None = None,
+    policy_version: int | None = None,
+    keep_last: int | None = None,
+) -> CheckpointInfo:
+    """Write and commit ``{root}/step_{step:06d}``; return its info.
+
+    ``actor`` is a transformers ``PreTrainedModel`` (saved with ``save_pretrained``). ``optimizers``
+    maps a name to anything with ``state_dict()`` (optimizers, LR schedulers). ``models`` are extra
+    modules (e.g. ``{"critic": critic}``) saved as ``{name}.safetensors``. ``extra_state`` must hold
+    only types ``torch.load(weights_only=True)`` accepts. ``policy_version`` defaults to ``step``.
+    ``keep_last``: after this one commits, delete older committed checkpoints beyond the newest N.
+    """
+    if step < 0:
+        raise ValueError(f"save_checkpoint: step={step} must be >= 0")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    if (final / MARKER).exists():
+        raise CheckpointError(f"{final} is already committed; refusing to overwrite a committed checkpoint")
+    for stale in root.glob(f"{_TMP_PREFIX}*"):  # leftovers of a save killed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
+    if final.exists():  # renamed but never committed: a save killed before the marker
+        log.warning("removing uncommitted checkpoint folder %s", final)
+        shutil.rmtree(final)
+
+    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    actor.save_pretrained(tmp, max_shard_size="1000GB")  # type: ignore[operator]
+    if not (tmp / WEIGHTS).exists():
+        raise CheckpointError(f"{type(actor).__name__}.save_pretrained did not write {WEIGHTS}")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    for name, module in (models or {}).items():
+        save_model(module, str(tmp / f"{name}.safetensors"))
+    for name, obj in optimizers.items():
+        torch.save(obj.state_dict(), tmp / f"optim_{name}.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
+    for p in tmp.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+
+    files = {p.name: sha256_file(p) for p in sorted(final.iterdir()) if p.is_file()}
+    version = step if policy_version is None else policy_version
+    marker = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "policy_version": version,
+        "fingerprint": files[WEIGHTS],
+        "files": files,
+        "optimizers": sorted(optimizers),
+        "models": sorted(models or {}),
+    }
+    tmp_marker = final / f"{_TMP_PREFIX}{MARKER}"
+    tmp_marker.write_text(json.dumps(marker, indent=1, sort_keys=True))
+    with open(tmp_marker, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp_marker, final / MARKER)  # the commit
+    _fsync_dir(final)
+    info = CheckpointInfo(path=final, step=step, policy_version=version, fingerprint=files[WEIGHTS])
+    if keep_last is not None:
+        prune(root, keep_last=keep_last)
+    return info
+
+
+def committed_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Committed checkpoints under ``root``, oldest first (marker present; hashes not re-checked)."""
+    out = []
+    for d in sorted(Path(root).glob("step_*")):
+        marker = d / MARKER
+        if not marker.exists():
+            continue
+        try:
+            m = json.loads(marker.read_text())
+            out.append(CheckpointInfo(path=d, step=int(m["step"]), policy_version=int(m["policy_version"]),
+                                      fingerprint=str(m["fingerprint"])))
+        except (ValueError, KeyError) as e:
+            log.warning("ignoring %s: unreadable marker (%s)", d, e)
+    return sorted(out, key=lambda i: i.step)
+
+
+def latest_checkpoint(root: Path) -> CheckpointInfo | None:
+    """The newest committed checkpoint under ``root``, or None."""
+    found = committed_checkpoints(root)
+    return found[-1] if found else None
+
+
+def prune(root: Path, *, keep_last: int) -> None:
+    """Delete committed checkpoints older than the newest ``keep_last`` (and nothing else)."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last={keep_last} must be >= 1")
+    for info in committed_checkpoints(root)[:-keep_last]:
+        (info.path / MARKER).unlink()  # uncommit first: a half-deleted folder is never "committed"
+        shutil.rmtree(info.path)
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Return the marker of a committed checkpoint; raise CheckpointError if uncommitted or tampered."""
+    path = Path(path)
+    marker_path = path / MARKER
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not marker_path.exists():
+        raise CheckpointError(f"checkpoint {path} is not committed (no {MARKER}): its save was interrupted; "
+                              "load latest_checkpoint(root) instead")
+    try:
+        marker: dict[str, Any] = json.loads(marker_path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path}: {MARKER} is not valid JSON ({e})") from e
+    for name, digest in marker["files"].items():
+        p = path / name
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {path}: file {name} listed in {MARKER} is missing")
+        actual = sha256_file(p)
+        if actual != digest:
+            raise CheckpointError(f"checkpoint {path}: {name} has sha256 {actual[:12]}.. but {MARKER} "
+                                  f"records {digest[:12]}..: the folder was modified after commit")
+    if marker["fingerprint"] != marker["files"][WEIGHTS]:
+        raise CheckpointError(f"checkpoint {path}: fingerprint does not match the hash of {WEIGHTS}")
+    return marker
+
+
+def load_weights(actor: torch.nn.Module, path: Path) -> None:
+    """Load ``model.safetensors`` from a checkpoint folder into ``actor`` (tied weights allowed)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(path) / WEIGHTS))
+    result = actor.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise CheckpointError(f"{path}/{WEIGHTS}: keys not in the model: {result.unexpected_keys[:5]}")
+    loaded = {p.data_ptr() for k, p in actor.state_dict().items() if k in state}
+    missing = [k for k in result.missing_keys if actor.state_dict()[k].data_ptr() not in loaded]
+    if missing:
+        raise CheckpointError(f"{path}/{WEIGHTS}: model keys missing from the file: {missing[:5]}")
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    actor: torch.nn.Module,
+    optimizers: dict[str, Any] | None = None,
+    models: dict[str, torch.nn.Module] | None = None,
+    restore_rng: bool = True,
+) -> CheckpointInfo:
+    """Verify and load a committed checkpoint into existing objects (in place).
+
+    Raises CheckpointError (naming the folder and the problem) if it is uncommitted, tampered, or
+    lacks a requested optimizer / model. Returns the info with ``extra_state`` filled.
+    """
+    path = Path(path)
+    marker = verify_checkpoint(path)
+    load_weights(actor, path)
+    for name, module in (models or {}).items():
+        f = path / f"{name}.safetensors"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path} has no model {name!r} (has {marker['models']})")
+        load_model(module, str(f))
+    for name, obj in (optimizers or {}).items():
+        f = path / f"optim_{name}.pt"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (has {marker['optimizers']})")
+        obj.load_state_dict(torch.load(f, weights_only=True))
+    if restore_rng:
+        set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+    extra = torch.load(path / "extra_state.pt", weights_only=True)
+    return CheckpointInfo(path=path, step=int(marker["step"]), policy_version=int(marker["policy_version"]),
+                          fingerprint=str(marker["fingerprint"]), extra_state=extra)

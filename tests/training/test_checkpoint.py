@@ -1,0 +1,71 @@
+"""Checkpoints: exact round trip, marker commit, tamper / uncommitted refusal, keep_last pruning."""
+
+import json
+
+import pytest
+import torch
+
+from ragen_tasks.training import checkpoint as ckpt
+from ragen_tasks.training.backend import make_optimizer
+from ragen_tasks.training.critic import make_critic
+from ragen_tasks.training.resume_harness import tiny_actor
+
+
+def _train_one_step(model, opt):
+    loss = model(input_ids=torch.arange(2, 10).unsqueeze(0)).logits.square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_round_trip_is_exact(tmp_path):
+    actor = tiny_actor(0)
+    critic = make_critic(actor)
+    opt = make_optimizer(actor, lr=1e-3, weight_decay=0.0)
+    _train_one_step(actor, opt)
+    gen = torch.Generator().manual_seed(3)
+    info = ckpt.save_checkpoint(tmp_path, 1, actor=actor, optimizers={"actor": opt}, models={"critic": critic},
+                                extra_state={"generator": gen.get_state(), "note": 7}, policy_version=5)
+    assert info.path.name == "step_000001" and info.policy_version == 5
+    assert info.fingerprint == ckpt.sha256_file(info.path / "model.safetensors")
+    expected_next = torch.rand(3)
+
+    actor2, critic2 = tiny_actor(1), make_critic(tiny_actor(1))
+    opt2 = make_optimizer(actor2, lr=1e-3, weight_decay=0.0)
+    _train_one_step(actor2, opt2)
+    loaded = ckpt.load_checkpoint(info.path, actor=actor2, optimizers={"actor": opt2}, models={"critic": critic2})
+    assert torch.equal(torch.rand(3), expected_next)  # global RNG restored
+    assert loaded.extra_state["note"] == 7 and loaded.fingerprint == info.fingerprint
+    for k, v in actor.state_dict().items():
+        assert torch.equal(v, actor2.state_dict()[k]), k
+    for k, v in critic.state_dict().items():
+        assert torch.equal(v, critic2.state_dict()[k]), k
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[i]["exp_avg"], s2[i]["exp_avg"]) for i in s1)
+
+
+def test_refuses_uncommitted_and_tampered(tmp_path):
+    actor = tiny_actor(0)
+    opt = make_optimizer(actor, lr=1e-3, weight_decay=0.0)
+    info = ckpt.save_checkpoint(tmp_path, 1, actor=actor, optimizers={"actor": opt})
+    with pytest.raises(ckpt.CheckpointError, match="already committed"):
+        ckpt.save_checkpoint(tmp_path, 1, actor=actor, optimizers={"actor": opt})
+    (info.path / "optim_actor.pt").write_bytes(b"tampered")
+    with pytest.raises(ckpt.CheckpointError, match=r"optim_actor\.pt has sha256"):
+        ckpt.load_checkpoint(info.path, actor=actor, optimizers={"actor": opt})
+    (info.path / ckpt.MARKER).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="not committed"):
+        ckpt.load_checkpoint(info.path, actor=actor)
+    assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def test_keep_last_prunes_only_after_commit(tmp_path):
+    actor = tiny_actor(0)
+    opt = make_optimizer(actor, lr=1e-3, weight_decay=0.0)
+    for step in range(1, 5):
+        _train_one_step(actor, opt)
+        ckpt.save_checkpoint(tmp_path, step, actor=actor, optimizers={"actor": opt}, keep_last=2)
+    assert [i.step for i in ckpt.committed_checkpoints(tmp_path)] == [3, 4]
+    marker = json.loads((tmp_path / "step_000004" / ckpt.MARKER).read_text())
+    assert set(marker["files"]) >= {"model.safetensors", "config.json", "optim_actor.pt", "rng.pt"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003", "step_000004"]

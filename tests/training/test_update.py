@@ -1,0 +1,101 @@
+"""The update path on a tiny Qwen2: parameters move, on-policy clipfrac is 0, accumulation is exact,
+non-finite steps are skipped and counted, and too many abort."""
+
+import copy
+
+import pytest
+import torch
+
+from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.token_batch import collate
+from ragen_tasks.training.backend import make_optimizer, make_train_model
+from ragen_tasks.training.critic import make_critic, make_reference
+from ragen_tasks.training.resume_harness import synthetic_trajectories, tiny_actor
+from ragen_tasks.training.update import NonFiniteUpdateError, ppo_update
+
+
+def _setup(algo: AlgoConfig, optim: OptimConfig, *, critic: bool):
+    actor_m = tiny_actor(0)
+    actor = make_train_model(actor_m, make_optimizer(actor_m, lr=optim.lr, weight_decay=0.0), optim)
+    crit = None
+    if critic:
+        c = make_critic(actor_m)
+        crit = make_train_model(c, make_optimizer(c, lr=optim.critic_lr, weight_decay=0.0), optim)
+    return actor_m, actor, crit
+
+
+def test_gae_parameters_move_and_first_clipfrac_zero():
+    algo = AlgoConfig(advantage="gae", kl_mode="in_reward", filter_keep_ratio=1.0)
+    optim = OptimConfig(lr=1e-3, critic_lr=1e-3, ppo_epochs=2, minibatch_size=8, micro_batch_size=4)
+    actor_m, actor, crit = _setup(algo, optim, critic=True)
+    before = copy.deepcopy(actor_m.state_dict())
+    critic_before = copy.deepcopy(crit.module.state_dict())
+    ref = make_reference(actor_m)
+    m = ppo_update(collate(synthetic_trajectories()), actor=actor, critic=crit, ref_model=ref, algo=algo,
+                   optim=optim, generator=torch.Generator().manual_seed(0))
+    assert m["actor/first_clipfrac"] == 0.0
+    assert m["actor/steps"] == 4 and m["actor/skipped_steps"] == 0
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/approx_kl", "actor/entropy", "critic/vf_loss",
+              "actor/clipfrac_low", "actor/clipfrac_high", "timing/update_s", "perf/tokens_per_s", "actor/reward_kl"):
+        assert isinstance(m[k], float), k
+    moved = [k for k, v in actor_m.state_dict().items() if not torch.equal(v, before[k])]
+    assert set(moved) == set(before)  # every parameter moved
+    assert all(not torch.equal(v, critic_before[k]) for k, v in crit.module.state_dict().items())
+
+
+def test_gradient_accumulation_matches_full_minibatch():
+    algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0, kl_mode="none")
+    batch = collate(synthetic_trajectories())
+    finals = []
+    for micro in (16, 3):
+        optim = OptimConfig(lr=1e-3, minibatch_size=16, micro_batch_size=micro)
+        actor_m, actor, _ = _setup(algo, optim, critic=False)
+        m = ppo_update(batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
+        finals.append((actor_m.state_dict(), m["actor/grad_norm"]))
+    assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-4)
+    for k, v in finals[0][0].items():
+        torch.testing.assert_close(v, finals[1][0][k], rtol=1e-4, atol=1e-6)
+
+
+def test_zero_variance_groups_are_skipped_before_forward():
+    trajs = synthetic_trajectories(n_groups=2, group_size=4)
+    from dataclasses import replace
+    trajs = [replace(t, turn_rewards=[1.0, 0.0], reward=1.0) if t.group_id == 0 else t for t in trajs]
+    algo = AlgoConfig(advantage="grpo", kl_mode="in_loss", kl_estimator="k3", filter_keep_ratio=1.0)
+    optim = OptimConfig(lr=1e-3, minibatch_size=8, micro_batch_size=8)
+    actor_m, actor, _ = _setup(algo, optim, critic=False)
+    m = ppo_update(collate(trajs), actor=actor, ref_model=make_reference(actor_m), algo=algo, optim=optim,
+                   generator=torch.Generator().manual_seed(0))
+    assert m["batch/skipped_zero_adv"] == 4.0
+    assert m["perf/tokens"] == sum(t.num_tokens for t in trajs if t.group_id == 1)
+    assert "actor/kl_loss" in m
+
+
+def test_non_finite_steps_are_skipped_then_abort():
+    algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0)
+    optim = OptimConfig(lr=1e-3, minibatch_size=4, micro_batch_size=4, max_consecutive_skips=10)
+    actor_m, actor, _ = _setup(algo, optim, critic=False)
+    with torch.no_grad():
+        actor_m.model.norm.weight[0] = float("nan")
+    before = copy.deepcopy(actor_m.state_dict())
+    m = ppo_update(collate(synthetic_trajectories()), actor=actor, algo=algo, optim=optim,
+                   generator=torch.Generator().manual_seed(0))
+    assert m["actor/skipped_steps"] == 4 and m["actor/steps"] == 0
+    for k, v in actor_m.state_dict().items():
+        assert torch.equal(v, before[k]) or k == "model.norm.weight"
+    strict = OptimConfig(lr=1e-3, minibatch_size=4, micro_batch_size=4, max_consecutive_skips=3)
+    actor2 = make_train_model(actor_m, make_optimizer(actor_m, lr=1e-3, weight_decay=0.0), strict)
+    with pytest.raises(NonFiniteUpdateError, match="max_consecutive_skips=3"):
+        ppo_update(collate(synthetic_trajectories()), actor=actor2, algo=algo, optim=strict,
+                   generator=torch.Generator().manual_seed(0))
+
+
+def test_missing_critic_or_reference_is_a_clear_error():
+    optim = OptimConfig()
+    _, actor, _ = _setup(AlgoConfig(), optim, critic=False)
+    batch = collate(synthetic_trajectories(1, 2))
+    with pytest.raises(ValueError, match="needs a critic"):
+        ppo_update(batch, actor=actor, algo=AlgoConfig(advantage="gae"), optim=optim, generator=torch.Generator())
+    with pytest.raises(ValueError, match="make_reference"):
+        ppo_update(batch, actor=actor, algo=AlgoConfig(advantage="grpo", kl_mode="in_loss"), optim=optim,
+                   generator=torch.Generator())
