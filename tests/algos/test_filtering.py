@@ -67,3 +67,8 @@ def test_num_groups_kept() -> None:
             num_groups_kept(bad, 4)
     with pytest.raises(ValueError, match="mode"):
         filter_groups(torch.zeros(2), torch.zeros(2, dtype=torch.long), 0.5, "random")  # type: ignore[arg-type]
+
+
+def test_empty_batch() -> None:
+    kept, m = filter_groups(torch.zeros(0), torch.zeros(0, dtype=torch.long), 0.25, "highest_std")
+    assert kept.tolist() == [] and m["filter/groups"] == 0.0 and m["filter/kept_fraction"] == 0.0
