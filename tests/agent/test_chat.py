@@ -47,3 +47,26 @@ def test_tokenizer_without_chat_template_is_a_clear_error(chatml_tokenizer) -> N
             ChatRenderer(tok)
     finally:
         tok.chat_template = saved
+
+
+QWEN_STYLE = (  # the shape of Qwen2.5's template: a default system message when none is given
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("with_system", [True, False])
+def test_qwen_style_template(chatml_tokenizer, with_system: bool) -> None:
+    tok = chatml_tokenizer
+    saved = tok.chat_template
+    try:
+        tok.chat_template = QWEN_STYLE
+        r = ChatRenderer(tok)
+        first = [SYSTEM, USER0] if with_system else [USER0]
+        sampled = tok.encode(RESPONSE, add_special_tokens=False)
+        ids = r.prompt_ids(first) + sampled + r.observation_ids(USER1, sampled)
+        assert ids == _whole(tok, [*first, {"role": "assistant", "content": RESPONSE}, USER1])
+    finally:
+        tok.chat_template = saved
