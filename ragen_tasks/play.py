@@ -75,7 +75,7 @@ def play_episode(env: TextGame, lines: Iterable[str], write: Callable[[str], Non
                 write(f"{text!r} is not a valid action. {_actions_line(env)} (case does not matter; 'help', 'quit').")
             continue
         obs, reward, terminated, truncated, info = env.step(name)
-        total += reward
+        total += float(reward)
         actions += 1
         success = bool(info["success"])
         note = "" if info["action_is_effective"] else " (no effect)"

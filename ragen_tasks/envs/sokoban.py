@@ -3,8 +3,9 @@
 Generation (always solvable by construction): a random-walk topology carved inside an outer wall,
 boxes placed on their targets, then *reverse play*: the player walks randomly and sometimes pulls
 the box behind it. A pull is the inverse of a push, so the solved room can be reached from every
-state of the walk; we keep the state with the best score (boxes moved x displacement, as in
-gym-sokoban) and finish with a few plain walking steps. Randomness comes only from the env's
+state of the walk. Over ``reverse_walks`` walks we keep the state with the best score (boxes
+switched x total box displacement, as in gym-sokoban; rooms of 6x6 and up need a score of at least
+2, so no room is solved by a single push) and finish with a few plain walking steps. Randomness comes only from the env's
 ``np_random`` (drawn in batches, which is also what makes generation fast).
 
 Cells are flat indices ``row * width + col``; the outer ring of a room is wall, so moves never
@@ -153,7 +154,10 @@ class SokobanConfig(GameConfig):
     num_boxes: int = Field(1, ge=1, description="boxes (and targets) in a random room")
     symbols: Literal["ragen", "xsb"] = Field("ragen", description="symbol set of the board text (and of a fixed room)")
     room: str | None = Field(None, description="fixed room in the text form of `symbols` (every reset gives this room)")
-    reverse_steps: int = Field(300, ge=1, le=100_000, description="reverse-play steps per generation attempt")
+    reverse_steps: int = Field(300, ge=1, le=100_000, description="steps of one reverse-play walk")
+    reverse_walks: int = Field(
+        4, ge=1, le=100, description="reverse-play walks per attempt; the best-scoring state is kept (harder rooms)"
+    )
     generation_tries: int = Field(50, ge=1, le=10_000, description="generation attempts before raising an error")
     step_reward: float = Field(-0.1, description="reward of every valid action")
     box_on_target_reward: float = Field(1.0, description="reward for pushing a box onto a target")
@@ -232,22 +236,16 @@ def _topology(rng: np.random.Generator, h: int, w: int) -> list[int]:
     return [i for i in range(h * w) if floor[i]]
 
 
-def _try_generate(rng: np.random.Generator, h: int, w: int, num_boxes: int, reverse_steps: int) -> Room | None:
-    floors = _topology(rng, h, w)
-    if len(floors) < num_boxes + 2:
-        return None
-    picks = rng.choice(len(floors), size=num_boxes + 1, replace=False).tolist()
-    targets = [floors[k] for k in picks[:num_boxes]]
+def _reverse_walk(
+    rng: np.random.Generator, is_floor: bytearray, w: int, targets: list[int], player: int, steps: int
+) -> tuple[int, tuple[int, tuple[int, ...]] | None]:
+    """One reverse-play walk from the solved state: (best score, (player, boxes) at that score or None)."""
     target_set = frozenset(targets)
-    is_floor = bytearray(h * w)
-    for i in floors:
-        is_floor[i] = 1
-    player = floors[picks[-1]]
     boxes = list(targets)  # box id -> cell; boxes start on their targets
     occupied = {cell: k for k, cell in enumerate(boxes)}
     deltas = (-w, w, -1, 1)
-    moves = rng.integers(0, 4, size=reverse_steps).tolist()
-    pulls = (rng.random(reverse_steps) < 0.8).tolist()
+    moves = rng.integers(0, 4, size=steps).tolist()
+    pulls = (rng.random(steps) < 0.8).tolist()
     best: tuple[int, tuple[int, ...]] | None = None
     best_score = 0
     swaps, last_box = 0, -1
@@ -257,7 +255,7 @@ def _try_generate(rng: np.random.Generator, h: int, w: int, num_boxes: int, reve
         if not is_floor[nxt] or nxt in occupied:
             continue
         behind = player - d
-        if pull and behind in occupied:
+        if pull and behind in occupied:  # pull: the box behind follows the player
             k = occupied.pop(behind)
             occupied[player] = k
             boxes[k] = player
@@ -270,25 +268,53 @@ def _try_generate(rng: np.random.Generator, h: int, w: int, num_boxes: int, reve
                 best_score, best = score, (player, tuple(boxes))
         else:
             player = nxt
-    if best is None:
+    return best_score, best
+
+
+def _try_generate(
+    rng: np.random.Generator, h: int, w: int, num_boxes: int, reverse_steps: int, walks: int
+) -> Room | None:
+    interior = (h - 2) * (w - 2)
+    floors = _topology(rng, h, w)
+    if len(floors) < max(num_boxes + 2, interior // 2):  # too cramped to be interesting: redraw
+        return None
+    picks = rng.choice(len(floors), size=num_boxes + 1, replace=False).tolist()
+    targets = [floors[k] for k in picks[:num_boxes]]
+    is_floor = bytearray(h * w)
+    for i in floors:
+        is_floor[i] = 1
+    best_score, best = 0, None
+    for _ in range(walks):  # several walks from the same start; keep the best-scoring state
+        score, state = _reverse_walk(rng, is_floor, w, targets, floors[picks[-1]], reverse_steps)
+        if score > best_score:
+            best_score, best = score, state
+    # Rooms of 6x6 and up must move the boxes at least 2 cells in all (no 1-push rooms); smaller ones 1.
+    if best is None or best_score < (2 if interior >= 16 else 1):
         return None
     player, final_boxes = best
     box_set = frozenset(final_boxes)
+    deltas = (-w, w, -1, 1)
     for move in rng.integers(0, 4, size=h + w).tolist():  # a few plain walking steps
         nxt = player + deltas[move]
         if is_floor[nxt] and nxt not in box_set:
             player = nxt
     walls = frozenset(i for i in range(h * w) if not is_floor[i])
-    return Room(h, w, walls, target_set, box_set, player)
+    return Room(h, w, walls, frozenset(targets), box_set, player)
 
 
 def generate_room(
-    rng: np.random.Generator, dim_room: tuple[int, int], num_boxes: int, *, reverse_steps: int = 300, tries: int = 50
+    rng: np.random.Generator,
+    dim_room: tuple[int, int],
+    num_boxes: int,
+    *,
+    reverse_steps: int = 300,
+    walks: int = 4,
+    tries: int = 50,
 ) -> Room:
     """A random solvable room (not already solved); ``RoomGenerationError`` after ``tries`` failed attempts."""
     h, w = dim_room
     for _ in range(tries):
-        room = _try_generate(rng, h, w, num_boxes, reverse_steps)
+        room = _try_generate(rng, h, w, num_boxes, reverse_steps, walks)
         if room is not None:
             return room
     raise RoomGenerationError(
@@ -429,7 +455,12 @@ class SokobanEnv(TextGame):
         cfg = self.config
         if self._fixed is None:
             self._room = generate_room(
-                self.np_random, cfg.dim_room, cfg.num_boxes, reverse_steps=cfg.reverse_steps, tries=cfg.generation_tries
+                self.np_random,
+                cfg.dim_room,
+                cfg.num_boxes,
+                reverse_steps=cfg.reverse_steps,
+                walks=cfg.reverse_walks,
+                tries=cfg.generation_tries,
             )
         self._boxes = set(self._room.boxes)
         self._player = self._room.player

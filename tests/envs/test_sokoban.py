@@ -44,6 +44,8 @@ def test_every_generated_room_is_solved_by_bfs_and_the_plan_succeeds(
             assert terminated == (i == len(plan) - 1), f"seed {seed}: ended early/late at step {i}"
         assert info["success"] and reward >= 10 - 0.1 and not truncated
     assert max(lengths) > min(lengths) >= 1  # rooms differ in difficulty
+    if min(dim_room) >= 6:
+        assert min(lengths) >= 2, "rooms of 6x6 and up are never solved by a single push"
 
 
 def test_push_reward_and_irreversibility() -> None:
