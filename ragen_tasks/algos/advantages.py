@@ -54,23 +54,53 @@ def gae_advantages(
         raise ValueError(f"gamma={gamma} and lam={lam} must both lie in [0, 1]")
     m = check_mask(response_mask, "response_mask")
     b, t = token_rewards.shape
-    zero = torch.zeros(b, dtype=values.dtype, device=values.device)
-    next_value = zero  # (B,) V of the next policy token, 0 after the last one
-    next_adv = zero  # (B,) A of the next policy token
-    columns: list[Tensor] = []
-    for i in range(t - 1, -1, -1):
-        here = m[:, i]  # (B,) bool
-        delta = token_rewards[:, i] + gamma * next_value - values[:, i]
-        adv = delta + gamma * lam * next_adv
-        adv = torch.where(here, adv, zero)  # where() keeps NaN garbage at masked positions out
-        columns.append(adv)
-        next_value = torch.where(here, values[:, i], next_value)
-        next_adv = torch.where(here, adv, next_adv)
-    advantages = torch.stack(columns[::-1], dim=1)  # (B, T)
+    # Pack each row's policy tokens to the left: (B, L), L = most policy tokens in a row. Only mask-1
+    # entries are read, so garbage (even NaN) at mask-0 positions never enters the arithmetic.
+    rank = m.long().cumsum(dim=1) - 1  # (B, T) index of a policy token among its row's policy tokens
+    rows, cols = m.nonzero(as_tuple=True)  # (P,) each, row-major: P = number of policy tokens
+    ranks = rank[rows, cols]  # (P,)
+    length = int(m.sum(dim=1).max().item()) if b > 0 and t > 0 else 0
+    dtype = torch.promote_types(token_rewards.dtype, values.dtype)
+    packed_r = torch.zeros(b, length + 1, dtype=dtype, device=values.device)  # one zero column past the end
+    packed_v = torch.zeros(b, length + 1, dtype=dtype, device=values.device)
+    packed_r[rows, ranks] = token_rewards[rows, cols].to(dtype)
+    packed_v[rows, ranks] = values[rows, cols].to(dtype)
+    # delta_k = r_k + gamma * V_{k+1} - V_k; V past a row's last policy token is 0, and so is delta
+    delta = packed_r[:, :-1] + gamma * packed_v[:, 1:] - packed_v[:, :-1]  # (B, L)
+    packed_adv = _discounted_reverse_cumsum(delta, gamma * lam)  # (B, L)
+    advantages = torch.zeros(b, t, dtype=dtype, device=values.device)
+    advantages[rows, cols] = packed_adv[rows, ranks]
+    values = torch.where(m, values.to(dtype), torch.zeros_like(advantages))
     returns = torch.where(m, advantages + values, torch.zeros_like(advantages))
     if whiten:
         advantages = masked_whiten(advantages, m)
     return advantages, returns
+
+
+def _discounted_reverse_cumsum(x: Tensor, c: float, chunk: int = 256) -> Tensor:
+    """``out[:, k] = sum_{j >= k} c ** (j - k) * x[:, j]`` for x (B, L), vectorised.
+
+    Chunks of ``chunk`` columns are done with one matmul by an upper-triangular matrix of powers of
+    c; chunks are chained right to left through ``out[:, chunk_start]`` (L / chunk small steps).
+    """
+    b, length = x.shape
+    if length == 0:
+        return x.clone()
+    size = min(chunk, length)
+    pad = (-length) % size
+    xp = torch.nn.functional.pad(x, (0, pad))  # zeros after the end change nothing
+    k = torch.arange(size, device=x.device)
+    diff = (k.unsqueeze(0) - k.unsqueeze(1)).to(torch.float64)  # (size, size): [row k, col j] = j - k
+    powers = torch.where(diff >= 0, torch.tensor(c, dtype=torch.float64).pow(diff.clamp(min=0)), 0.0)
+    weights = powers.to(x.dtype).T  # (size, size): x_chunk @ weights sums c^(j-k) x_j over j >= k
+    decay = torch.tensor(c, dtype=torch.float64).pow((size - k).to(torch.float64)).to(x.dtype)  # (size,)
+    out = torch.empty_like(xp)
+    carry = torch.zeros(b, dtype=x.dtype, device=x.device)  # out at the first column of the next chunk
+    for start in range(xp.shape[1] - size, -1, -size):
+        block = xp[:, start : start + size] @ weights + carry.unsqueeze(1) * decay  # (B, size)
+        out[:, start : start + size] = block
+        carry = block[:, 0]
+    return out[:, :length]
 
 
 def _group_index(group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -14,6 +14,7 @@ from ragen_tasks.algos import (
     masked_whiten,
     token_level_rewards,
 )
+from ragen_tasks.algos.advantages import _discounted_reverse_cumsum
 from tests.algos._ref import gae_loop, random_mask, std_unbiased, with_garbage
 
 
@@ -171,3 +172,38 @@ def test_batch_norm_degenerate_is_zero() -> None:
     mask = torch.ones(3, 4)
     assert (batch_norm_advantages(torch.full((3,), 0.1), mask) == 0).all()
     assert (batch_norm_advantages(torch.tensor([2.0]), torch.ones(1, 4)) == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_long_sequences_cross_chunks(seed: int) -> None:
+    """T well above the 256-column chunk of the vectorised recursion."""
+    gen = torch.Generator().manual_seed(seed)
+    b, t = 2, 700
+    mask = random_mask(gen, b, t, p=0.8)
+    rewards = torch.randn(b, t, generator=gen, dtype=torch.float64) * mask
+    values = torch.randn(b, t, generator=gen, dtype=torch.float64)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=0.999, lam=0.97, whiten=False)
+    for i in range(b):
+        ref_a, ref_r = gae_loop(rewards[i].tolist(), values[i].tolist(), mask[i].tolist(), 0.999, 0.97)
+        torch.testing.assert_close(adv[i], torch.tensor(ref_a, dtype=torch.float64))
+        torch.testing.assert_close(ret[i], torch.tensor(ref_r, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 7, 9, 10])
+@pytest.mark.parametrize("c", [0.0, 0.5, 1.0])
+def test_discounted_reverse_cumsum_small_chunks(length: int, c: float) -> None:
+    gen = torch.Generator().manual_seed(length)
+    x = torch.randn(3, length, generator=gen, dtype=torch.float64)
+    got = _discounted_reverse_cumsum(x, c, chunk=3)
+    ref = [[sum(c ** (j - k) * x[i, j].item() for j in range(k, length)) for k in range(length)] for i in range(3)]
+    torch.testing.assert_close(got, torch.tensor(ref, dtype=torch.float64))
+
+
+def test_gae_float32_and_empty_rows() -> None:
+    mask = torch.tensor([[0, 0, 0], [0, 1, 1]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
+    values = torch.tensor([[5.0, 5.0, 5.0], [0.0, 0.5, 1.0]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0, whiten=False)
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.5, 1.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 0.0, 0.0], [0.0, 2.0, 2.0]]))
