@@ -71,7 +71,7 @@ class BatchValidationError(ValueError):
 class ValidationOutcome:
     success: bool
     failed: list[str]  # "expect_...(column)" of every failed expectation
-    result: dict[str, Any]  # the GX result as JSON (plus schema problems), stored beside a quarantined batch
+    result: dict[str, Any]  # summary; on failure also the GX result JSON ("gx"), stored beside a quarantined batch
 
 
 # Derived column -> source columns of ARROW_SCHEMA it is computed from.
@@ -174,9 +174,12 @@ def batch_frame(table: pa.Table) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
+@functools.lru_cache(maxsize=8)
 def build_suite(limits: BatchLimits, policy_version: int, weights_fingerprint: str) -> Any:
-    """The expectation suite, in code. Returns a ``great_expectations.ExpectationSuite``."""
+    """The expectation suite, in code (cached per arguments). A ``great_expectations.ExpectationSuite``."""
     import great_expectations as gx
+
+    _batch_definition()  # GX needs an active context before a suite can hold expectations
 
     gxe: Any = gx.expectations  # classes are re-exported untyped by GX
     suite = gx.ExpectationSuite(name=SUITE_NAME)
@@ -224,8 +227,10 @@ def validate_table(table: pa.Table, *, limits: BatchLimits, policy_version: int,
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     result = batch.validate(build_suite(limits, policy_version, weights_fingerprint), result_format="BASIC")
     failed = [expectation_name(r.expectation_config) for r in result.results if not r.success]
-    as_json: dict[str, Any] = {"gx": result.to_json_dict(), "schema_problems": schema_problems(table),
-                               "failed": failed, "num_rows": table.num_rows}
+    as_json: dict[str, Any] = {"success": bool(result.success), "failed": failed, "num_rows": table.num_rows,
+                               "schema_problems": schema_problems(table)}
+    if not result.success:  # the full GX result (observed / unexpected values) only when needed
+        as_json["gx"] = result.to_json_dict()
     return ValidationOutcome(success=bool(result.success), failed=failed, result=as_json)
 
 
