@@ -83,7 +83,7 @@ def kl_in_reward(
     rewards = token_rewards - kl_coef * kl
     metrics = {
         "actor/reward_kl": masked_mean(kl, m).detach(),
-        "actor/reward_kl_coef": torch.tensor(float(kl_coef)),
+        "actor/reward_kl_coef": token_rewards.new_tensor(float(kl_coef)),
     }
     return rewards, metrics
 
