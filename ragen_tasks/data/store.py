@@ -14,7 +14,9 @@ Commit protocol (design section 6):
    write: S3 answers 412 to every writer but the first; supported by AWS S3 since 2024-08, by
    moto, and by MinIO; an endpoint that ignores the header would degrade to last-writer-wins, so
    the writer re-reads the manifest after the put and reports the one that is stored);
-3. readers trust manifests only, never listings, and check each object's size and sha256.
+3. readers trust manifests only, never listings, and check each object's size and sha256. S3 is
+   strongly read-after-write consistent (AWS, since 2020-12), so a reader that sees a manifest also
+   sees the objects written before it; a 412 from a racing writer leaves the first manifest intact.
 
 A writer that finds its manifest already there returns it at once without rewriting anything
 (idempotent retries). Nothing is ever unpickled: data is Parquet or JSON.

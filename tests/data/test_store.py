@@ -249,3 +249,18 @@ def test_credentials_never_logged(s3_bucket: str, caplog: pytest.LogCaptureFixtu
     store = Store(f"s3://{s3_bucket}/runs")
     store.write_trajectories("run1", 0, "rollouts", factory.make_batch(2), **W)
     assert "s3://" in caplog.text and "testing" not in caplog.text
+
+
+def test_uri_and_relative_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = Store("runs")
+    assert store.root_uri == f"file://{tmp_path}/runs"
+    assert store.uri("r1", 3, "batch", "trajectories") == f"file://{tmp_path}/runs/r1/iter_000003/batch/trajectories.manifest.json"
+    assert store.uri("r1", 3) == f"file://{tmp_path}/runs/r1/iter_000003"
+
+
+def test_non_json_extra_refused_before_commit(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    with pytest.raises(TypeError):
+        store.write_trajectories("run1", 0, "rollouts", factory.make_batch(2), **W, extra={"bad": object()})
+    assert not store.has_manifest("run1", 0, "rollouts")
