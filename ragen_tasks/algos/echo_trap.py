@@ -35,6 +35,7 @@ A rule fires at EVERY iteration where its condition holds; ``first_signals`` kee
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -237,7 +238,6 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
     """
     r = rules if rules is not None else EchoTrapRules()
     signals: list[EchoTrapSignal] = []
-    below = lambda v, t: v < t  # noqa: E731
     if r.std_collapse_fraction is not None:
         frac = r.std_collapse_fraction
         signals += _early_level_rule(
@@ -247,7 +247,7 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
             warmup=r.warmup,
             patience=r.std_collapse_patience,
             bound=lambda e: frac * e,
-            breached=below,
+            breached=operator.lt,
             describe="<",
         )
     if r.grad_norm_spike_factor is not None:
@@ -269,7 +269,7 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
             warmup=r.warmup,
             patience=r.entropy_patience,
             bound=lambda e: efrac * e,
-            breached=below,
+            breached=operator.lt,
             describe="<",
         )
     if r.entropy_jump_factor is not None:
@@ -291,7 +291,7 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
             warmup=r.warmup,
             patience=r.think_patience,
             bound=lambda e: tfrac * e,
-            breached=below,
+            breached=operator.lt,
             describe="<",
         )
     if r.format_error_rise is not None:
@@ -303,7 +303,7 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
             warmup=r.warmup,
             patience=r.format_error_patience,
             bound=lambda e: e + rise,
-            breached=lambda v, t: v > t,
+            breached=operator.gt,
             describe=">",
         )
     return sorted(signals, key=lambda s: (s.iteration, s.rule))
