@@ -1,0 +1,114 @@
+"""Named model presets: Qwen2-architecture models built from a config with a seeded random init.
+
+``tiny`` (~150k parameters) trains on CPU in minutes; ``small`` (~3M) is the benchmark's larger
+point. Both share the locally trained tokenizer (``tokenizer.py``). A preset is built once into a
+cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
+``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from ragen_tasks.models.tokenizer import build_tokenizer, corpus_fingerprint, training_corpus
+
+logger = logging.getLogger(__name__)
+
+#: Bump when a preset's architecture, init or tokenizer recipe changes (a new cache folder follows).
+PRESET_VERSION = "v1"
+
+
+@dataclass(frozen=True)
+class PresetSpec:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int = 1024  # tokenizer training target; the model's vocab is the tokenizer's length
+    max_position_embeddings: int = 4096
+    seed: int = 0  # random init seed
+
+
+PRESETS: dict[str, PresetSpec] = {
+    "tiny": PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$RAGEN_CACHE/presets`` if set, else ``~/.cache/ragen/presets``."""
+    root = os.environ.get("RAGEN_CACHE")
+    return Path(root) / "presets" if root else Path.home() / ".cache" / "ragen" / "presets"
+
+
+def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
+    """Build preset ``name`` in memory: (model in float32, tokenizer). Deterministic per preset seed."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+    spec = PRESETS[name]
+    tokenizer = build_tokenizer(vocab_size=spec.vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's global RNG alone
+        torch.manual_seed(spec.seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def ensure_preset(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the folder holding preset ``name``, building it there first if missing.
+
+    The folder is written to a temporary sibling and renamed into place, so a reader never sees a
+    half-written preset and two processes building at once both end with the same complete folder.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = root / f"{name}-{PRESET_VERSION}-{corpus_fingerprint(training_corpus())}"
+    if (folder / "config.json").exists():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    logger.info("building preset %r into %s", name, folder)
+    model, tokenizer = build_preset(name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        save_policy(model, tokenizer, tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process won the race: its folder is complete
+            if not (folder / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def save_policy(model: torch.nn.Module, tokenizer: object, folder: str | os.PathLike[str]) -> Path:
+    """Save model (safetensors) and tokenizer (with its chat template) into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)  # type: ignore[operator]
+    tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
+    return folder

@@ -1,0 +1,158 @@
+"""A small byte-level BPE tokenizer trained locally, with ChatML special tokens and a chat template.
+
+Byte-level BPE means ANY text encodes (unknown characters fall back to bytes), so the tokenizer
+never fails on a board symbol it has not seen. It is trained on a fixed built-in corpus: sample
+boards in the games' symbol sets, the answer tags, action names, digits and the prompt words,
+plus the renders of the registered games when ``ragen_tasks.envs`` provides them.
+
+The answer tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``, ``||``) are added tokens:
+each is exactly one id, which makes stopping at ``</answer>`` a one-token check. They are not
+*special* tokens, so ``decode(..., skip_special_tokens=True)`` keeps them.
+
+The wrapper is a ``PreTrainedTokenizerFast``. ``AutoTokenizer`` on a folder with a ``qwen2``
+config picks ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen's regex split;
+we train with that same split, and ``loading.load_policy`` also checks the loaded pre-tokenizer
+against ``tokenizer.json`` and reloads the file verbatim on any mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "||")
+
+#: Qwen2's pre-tokenizer split (digits one by one, words with their leading space). Using the same
+#: split as ``Qwen2Tokenizer`` keeps ids identical even where a loader swaps the pre-tokenizer in.
+QWEN_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+#: Qwen-style ChatML template; ``add_generation_prompt`` opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_ACTIONS = ("Up", "Down", "Left", "Right", "Phoenix", "Dragon", "Trader", "Librarian", "Lion", "Eagle")
+_PROMPT_WORDS = """
+You are an agent playing a game. You are solving the Sokoban puzzle. You are walking on a frozen
+lake. You are choosing an arm of a bandit. Push every box onto a target. Reach the goal and do not
+fall into a hole. The symbols mean: wall, floor, target, box, box on target, player, player on
+target, frozen tile, hole, goal, player in hole, player on goal. Valid actions are listed below.
+Actions left. Turn. Reward. Your answer must be in the format. First think step by step, then give
+the answer. Answer with one or more actions separated by the separator. The current state is shown
+below. After your move the state is: Which arm do you pull? The arm pays a reward with some
+probability. Low risk, high risk, always, sometimes, never. Invalid action. Format error. Success.
+the a an of to in on is are and or not you your it this that with for at by from as be was has
+Think about where the box can move. If I push the box left it will be stuck against the wall, so I
+should go around it first. The goal is below me, the hole is to the right, so I move down twice.
+The dragon pays more on average but it is risky; the phoenix pays a small amount every time.
+Expected value, probability, average, payoff, choose, pull, pick, option, better, worse, safe.
+Room, grid, row, column, position, corner, next, then, first, second, third, again, stop, done.
+System, user, assistant, observation, instruction, example, response, maximum, minimum, steps.
+"""
+_BOARD_SYMBOLS = ("#", "_", "O", "X", "√", "P", "S", "G")
+
+
+def _builtin_corpus() -> list[str]:
+    """Deterministic sample text covering the boards, tags, actions, digits and prompt words."""
+    lines: list[str] = [_PROMPT_WORDS]
+    # Boards: fixed pseudo-random grids in the games' symbol sets (a simple LCG, no global RNG).
+    state = 12345
+    for size in (4, 6, 8):
+        for _ in range(40):
+            rows = []
+            for _r in range(size):
+                row = ""
+                for _c in range(size):
+                    state = (1103515245 * state + 12345) % (2**31)
+                    row += _BOARD_SYMBOLS[state % len(_BOARD_SYMBOLS)]
+                rows.append(row)
+            lines.append("\n".join(rows))
+    # Answers in the required format, with every action pair.
+    for a, b in itertools.product(_ACTIONS, repeat=2):
+        lines.append(f"<think>I should move {a} then {b}.</think><answer>{a} || {b}</answer>")
+        lines.append(f"<answer>{a}</answer>")
+    lines.append(" ".join(str(i) for i in range(200)))
+    lines.append("Reward: -0.1 0.1 0.15 0.25 1.0 10 -1 Actions left: 1 2 3 4 5 6 7 8 9 10")
+    return lines
+
+
+def _env_corpus() -> list[str]:
+    """Renders of the registered games, if the envs package provides ``make`` (else nothing)."""
+    try:
+        from ragen_tasks import envs  # optional: the games may not be installed yet
+
+        make = envs.make
+    except (ImportError, AttributeError):
+        return []
+    lines: list[str] = []
+    for name in ("bandit", "sokoban", "frozen_lake"):
+        try:
+            env = make(name)
+            for seed in range(20):
+                obs, _ = env.reset(seed=seed)
+                lines.append(str(obs))
+                lines.append(" ".join(env.action_names))
+                lines.extend(f"{k}: {v}" for k, v in env.legend.items())
+        except Exception as err:  # a game still under construction must not break the tokenizer
+            logger.warning("tokenizer corpus: skipping env %r (%s)", name, err)
+    return lines
+
+
+def training_corpus() -> list[str]:
+    """The exact text the tokenizer is trained on (built-in sample + game renders if available)."""
+    return _builtin_corpus() + _env_corpus()
+
+
+def corpus_fingerprint(corpus: list[str]) -> str:
+    """Short sha256 of the corpus; part of the preset cache key, so a new corpus means a new folder."""
+    return hashlib.sha256("\x00".join(corpus).encode()).hexdigest()[:10]
+
+
+def build_tokenizer(vocab_size: int = 1024, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus()``) and wrap it."""
+    if vocab_size < 300:
+        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 300 (256 bytes + specials)")
+    corpus = training_corpus() if corpus is None else corpus
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    wrapped.add_tokens(list(TAG_TOKENS))  # one id each; not special, so decoding keeps them
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped

@@ -1,0 +1,346 @@
+"""The HF engine: our own lean, batched decode loop over a transformers causal LM (no ``generate``).
+
+One ``generate`` call = one prefill of every request's NEW tokens + one decode step per new token
+for all live rows. Per row the layout of the key/value axis is
+
+    [pad .. | cached tokens (reused KV) | pad .. | new tokens | generated tokens ...]
+     past region (length P)              new region (length S)   one column per step
+
+so sessions with different cache lengths and different new suffixes share one batch. Pads are
+masked out of attention; positions are given explicitly (row i's new tokens start at its cached
+length), so a padded row computes exactly what it would compute alone. We build the 4-D boolean
+attention mask ourselves and pass it as ``{"full_attention": mask}`` (the form transformers'
+``generate`` passes), which skips transformers' per-step mask construction.
+
+KV reuse: after a row finishes, its KV (prompt + response minus the last sampled token) is kept
+under its ``session_id``; the next call prefills only the part of the request after the longest
+common prefix with the cached ids (at least one token is always re-fed to get logits).
+
+Log-probs are ``log_softmax`` of the raw logits (temperature 1, before top-k / top-p): the
+policy's own log-prob, which a plain forward pass on the full sequence reproduces.
+
+Simplifications: attention implementations ``sdpa`` and ``eager`` only; models with sliding-window
+layers are used only while the sequence fits in the window.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import torch
+from transformers import DynamicCache
+
+from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass
+class _Session:
+    ids: list[int]  # the token ids whose keys/values are cached
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, H_kv, len(ids), D)
+
+
+@dataclass
+class _Row:
+    index: int  # position of the request in the call
+    request: GenerationRequest
+    reuse: int  # cached tokens reused
+    tokens: list[int]
+    logprobs: list[float]
+    finish: FinishReason | None = None
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside top-k / nucleus top-p with -inf. logits: (B, V) float32."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the mass BEFORE it already reaches top_p (the top token always stays)
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class HFEngine:
+    """Engine Protocol over a transformers causal LM with KV reuse across turns per session.
+
+    ``model``/``tokenizer``: e.g. from ``ragen_tasks.models.load_policy``.
+    ``seed``: seeds the engine's own generator, used when ``SamplingParams.seed`` is None (a call
+    with ``SamplingParams.seed`` set is reproducible on its own).
+    ``reuse_cache``: keep each session's KV between calls (turn off to measure or to save memory).
+    ``eos_token_ids``: ids that end a response; default = the tokenizer's eos, ``<|im_end|>`` and
+    the model's ``generation_config.eos_token_id``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        seed: int = 0,
+        reuse_cache: bool = True,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn not in ("sdpa", "eager"):
+            raise ValueError(
+                f"HFEngine supports attn_implementation 'sdpa' or 'eager', got {attn!r}; load the model with "
+                "attn_implementation='sdpa' (load_policy does)"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.reuse_cache = reuse_cache
+        self._attn = attn
+        self._rng = random.Random(seed)
+        self._sessions: dict[str, _Session] = {}
+        self._eos = set(eos_token_ids) if eos_token_ids is not None else self._default_eos()
+        self._token_text: list[str] | None = None  # id -> decoded text, for ASCII stop strings
+        self._layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
+        self._window = getattr(model.config, "sliding_window", None)
+        # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` is deprecated)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """One Generation per request, in order (see the module docstring for the layout)."""
+        self._check(requests, params)
+        if not requests:
+            return []
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        device = self.model.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.inference_mode():
+            rows = self._prefill_rows(requests)
+            cache, mask, pos, logits = self._prefill(rows)
+            live = list(range(len(rows)))  # row indices of the batch lines, in batch order
+            for step in range(params.max_new_tokens):
+                tok, lp = self._sample(logits, params, gen)  # (B,), (B,)
+                tok_list, lp_list = tok.tolist(), lp.tolist()
+                keep: list[int] = []
+                for b, r in enumerate(live):
+                    row = rows[r]
+                    row.tokens.append(tok_list[b])
+                    row.logprobs.append(lp_list[b])
+                    row.finish = self._finish_reason(row, params, last_step=step == params.max_new_tokens - 1)
+                    if row.finish is None:
+                        keep.append(b)
+                    else:
+                        self._store(row, cache, mask, b)
+                if not keep:
+                    break
+                if len(keep) < len(live):
+                    idx = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(idx)
+                    mask, pos, tok = mask[idx], pos[idx], tok[idx]
+                    live = [live[b] for b in keep]
+                # one decode step for the live rows: the new token attends to every valid column
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, K+1) True = real token
+                pos = pos + 1  # (B,) position of the fed token
+                logits = self._forward(tok[:, None], pos[:, None], mask[:, None, None, :], cache)
+        return [self._to_generation(row) for row in rows]
+
+    def release(self, session_ids: Sequence[str]) -> None:
+        """Forget the cached KV of these sessions (unknown ids are ignored)."""
+        for sid in session_ids:
+            self._sessions.pop(sid, None)
+
+    @property
+    def cached_sessions(self) -> int:
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------ steps
+    def _check(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> None:
+        if params.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={params.max_new_tokens}; must be >= 1")
+        if params.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={params.temperature}; must be >= 0 (0 = greedy)")
+        if not 0 < params.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={params.top_p}; must be in (0, 1]")
+        if params.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k={params.top_k}; must be >= 0 (0 = off)")
+        seen: set[str] = set()
+        for req in requests:
+            if len(req.prompt_ids) == 0:
+                raise ValueError(f"request {req.session_id!r} has empty prompt_ids; give at least one token")
+            if req.session_id in seen:
+                raise ValueError(f"session_id {req.session_id!r} appears twice in one generate call")
+            seen.add(req.session_id)
+            total = len(req.prompt_ids) + params.max_new_tokens
+            if total > self.max_positions:
+                raise ValueError(
+                    f"request {req.session_id!r}: prompt of {len(req.prompt_ids)} tokens + max_new_tokens="
+                    f"{params.max_new_tokens} exceeds the model context of {self.max_positions}; shorten the "
+                    "episode (agent.max_context_tokens / max_turns) or lower max_new_tokens"
+                )
+
+    def _prefill_rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
+        rows = []
+        for i, req in enumerate(requests):
+            reuse = 0
+            sess = self._sessions.get(req.session_id)
+            if sess is not None and self.reuse_cache:
+                # at least one token must be fed to get next-token logits
+                reuse = min(_lcp(sess.ids, req.prompt_ids), len(req.prompt_ids) - 1)
+            if reuse == 0:
+                self._sessions.pop(req.session_id, None)
+            rows.append(_Row(index=i, request=req, reuse=reuse, tokens=[], logprobs=[]))
+        return rows
+
+    def _prefill(self, rows: list[_Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Feed every row's new tokens on top of its reused KV. Returns (cache, mask (B, P+S), pos (B,), logits (B, V))."""
+        device = self.model.device
+        n_rows = len(rows)
+        past = max(r.reuse for r in rows)  # P
+        new = max(len(r.request.prompt_ids) - r.reuse for r in rows)  # S
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((n_rows, new), pad_id, dtype=torch.long)  # (B, S) new tokens, left-padded
+        pos = torch.zeros((n_rows, new), dtype=torch.long)  # (B, S) position of each fed token
+        valid = torch.zeros((n_rows, past + new), dtype=torch.bool)  # (B, P+S) True = real token
+        cache = DynamicCache()
+        for b, r in enumerate(rows):
+            suffix = list(r.request.prompt_ids[r.reuse :])
+            ids[b, new - len(suffix) :] = torch.tensor(suffix)
+            pos[b, new - len(suffix) :] = torch.arange(r.reuse, r.reuse + len(suffix))
+            valid[b, past - r.reuse : past] = True
+            valid[b, past + new - len(suffix) :] = True
+        if past:
+            template = next(self._sessions[r.request.session_id].kv for r in rows if r.reuse)
+            for layer in range(len(template)):
+                k0, v0 = template[layer]
+                keys = k0.new_zeros((n_rows, k0.shape[1], past, k0.shape[3]))  # (B, H_kv, P, D)
+                values = v0.new_zeros((n_rows, v0.shape[1], past, v0.shape[3]))
+                for b, r in enumerate(rows):
+                    if r.reuse:
+                        k, v = self._sessions[r.request.session_id].kv[layer]
+                        keys[b, :, past - r.reuse :] = k[0, :, : r.reuse]
+                        values[b, :, past - r.reuse :] = v[0, :, : r.reuse]
+                cache.update(keys, values, layer)
+        # (B, 1, S, P+S): query q sees valid keys in the past region and valid new keys up to itself;
+        # a pad query also sees itself so that no softmax row is empty (its output is never used).
+        causal = torch.ones((new, new), dtype=torch.bool).tril()  # (S, S)
+        mask4 = torch.cat([valid[:, None, :past].expand(n_rows, new, past), valid[:, None, past:] & causal], dim=2)
+        mask4 = mask4 | torch.cat([torch.zeros((new, past), dtype=torch.bool), torch.eye(new, dtype=torch.bool)], 1)
+        logits = self._forward(ids.to(device), pos.to(device), mask4[:, None].to(device), cache)
+        return cache, valid.to(device), pos[:, -1].to(device), logits
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask4: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Run the model on ids (B, Q) at positions pos (B, Q) with mask (B, 1, Q, K); logits of the last query (B, V)."""
+        if self._window is not None and "sliding_attention" in self._layer_types and mask4.shape[-1] > self._window:
+            raise ValueError(f"sequence of {mask4.shape[-1]} tokens exceeds the model's sliding window {self._window}")
+        if self._attn == "eager":
+            mask: torch.Tensor = torch.zeros(mask4.shape, dtype=self.model.dtype, device=mask4.device)
+            mask = mask.masked_fill(~mask4, torch.finfo(self.model.dtype).min)
+        else:
+            mask = mask4
+        out = self.model(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=dict.fromkeys(self._layer_types, mask),
+            **{self._cache_kwarg: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits: torch.Tensor = out.logits[:, -1, :].float()  # (B, V)
+        return logits
+
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token per row and its log-prob at temperature 1. logits: (B, V) float32."""
+        logp = torch.log_softmax(logits, dim=-1)  # (B, V) the policy's own distribution
+        if params.temperature == 0:
+            tok = logits.argmax(dim=-1)
+        else:
+            scaled = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p)
+            # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
+            # u is scaled by the row total, so it never falls past the last non-zero probability.
+            cdf = scaled.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+            u = torch.rand((cdf.shape[0], 1), generator=gen, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+            tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)  # (B,)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+    def _finish_reason(self, row: _Row, params: SamplingParams, *, last_step: bool) -> FinishReason | None:
+        if row.tokens[-1] in self._eos:
+            return "eos"
+        if params.stop_strings and self._hits_stop(row.tokens, params.stop_strings):
+            return "stop"
+        return "length" if last_step else None
+
+    def _hits_stop(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
+        """True once the decoded tail ending at the newest token holds a stop string.
+
+        Checked after every token, so a stop string can only be completed by the newest token:
+        the tail only needs as many tokens as the longest stop string has bytes (+1).
+        """
+        window = tokens[-max(len(s.encode()) for s in stops) - 1 :]
+        if all(s.isascii() for s in stops):  # per-token text is exact for ASCII (no split characters)
+            table = self._token_table()
+            if not any(s[-1] in table[tokens[-1]] for s in stops):  # cheap filter
+                return False
+            tail = "".join(table[t] for t in window)
+        else:
+            tail = self.tokenizer.decode(window)
+        return any(s in tail for s in stops)
+
+    def _token_table(self) -> list[str]:
+        if self._token_text is None:
+            size = max(len(self.tokenizer), int(self.model.config.vocab_size))
+            self._token_text = self.tokenizer.batch_decode([[i] for i in range(size)])
+        return self._token_text
+
+    def _store(self, row: _Row, cache: DynamicCache, mask: torch.Tensor, b: int) -> None:
+        """Keep row b's KV (its valid columns) under its session id: prompt + response[:-1]."""
+        if not self.reuse_cache:
+            return
+        cols = mask[b].nonzero().squeeze(1)  # (L,) valid key columns of this row, in order
+        kv = [
+            (layer.keys[b : b + 1, :, cols], layer.values[b : b + 1, :, cols])
+            for layer in cast(list[Any], cache.layers)
+        ]
+        ids = list(row.request.prompt_ids) + row.tokens[:-1]
+        if kv and kv[0][0].shape[2] != len(ids):
+            raise RuntimeError(f"cache bookkeeping error: {kv[0][0].shape[2]} cached columns for {len(ids)} ids")
+        self._sessions[row.request.session_id] = _Session(ids=ids, kv=kv)
+
+    def _to_generation(self, row: _Row) -> Generation:
+        if row.finish is None:
+            raise RuntimeError(f"row {row.index} ended without a finish reason")
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        return Generation(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish, text=text)
+
+    def _default_eos(self) -> set[int]:
+        eos: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            eos.add(im_end)
+        cfg = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(cfg, int):
+            eos.add(cfg)
+        elif cfg is not None:
+            eos.update(int(i) for i in cfg)
+        return eos

@@ -1,0 +1,89 @@
+"""The locally trained tokenizer: any text round-trips, tags are single tokens, ChatML template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, Qwen2Config
+
+from ragen_tasks.models.tokenizer import SPECIAL_TOKENS, TAG_TOKENS, build_tokenizer, training_corpus
+
+TEXTS = [
+    "Reward: 0.15, 100 steps; it's  done\n\n  √√ ##__",
+    "<think>The box is left of me.</think><answer>Left || Up</answer>",
+    "#####\n#_P_#\n#_X√#\n#_OS#\n#####",
+    "Phoenix Dragon Trader Librarian 12345 ünïcödé 漢字 🙂\t\r\n",
+]
+
+
+_TOK = build_tokenizer()  # shared by the hypothesis test (function fixtures don't mix with @given)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_vocab_size_in_range(tok) -> None:
+    assert 500 <= len(tok) <= 2048
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_any_text_round_trips(text: str) -> None:
+    tok = _TOK
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_tags_and_specials_are_single_tokens(tok) -> None:
+    for piece in (*TAG_TOKENS, *SPECIAL_TOKENS):
+        assert len(tok.encode(piece)) == 1, piece
+    # a tag stays one token inside running text too
+    ids = tok.encode("x</answer>y")
+    assert tok.convert_tokens_to_ids("</answer>") in ids
+
+
+def test_tags_survive_skip_special_tokens(tok) -> None:
+    ids = tok.encode("<answer>Up</answer><|im_end|>")
+    assert tok.decode(ids, skip_special_tokens=True) == "<answer>Up</answer>"
+
+
+def test_chat_template_chatml(tok) -> None:
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert not tok.apply_chat_template(chat, tokenize=False).endswith("assistant\n")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.padding_side == "left"
+
+
+def test_reload_next_to_a_qwen2_config_keeps_ids(tok, tmp_path) -> None:
+    """AutoTokenizer picks Qwen2Tokenizer for a qwen2 config: ids must still be identical."""
+    from ragen_tasks.models.loading import _keep_saved_pre_tokenizer
+
+    Qwen2Config(vocab_size=len(tok)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    auto = _keep_saved_pre_tokenizer(AutoTokenizer.from_pretrained(tmp_path), str(tmp_path))
+    saved = json.loads((tmp_path / "tokenizer.json").read_text())["pre_tokenizer"]
+    assert json.loads(auto.backend_tokenizer.to_str())["pre_tokenizer"] == saved
+    for text in TEXTS + training_corpus()[:50]:
+        assert auto.encode(text) == tok.encode(text), text
+
+
+def test_swapped_pre_tokenizer_is_detected_and_reloaded(tok, tmp_path) -> None:
+    """A tokenizer.json with plain ByteLevel splitting must come back as saved, not as Qwen's split."""
+    from tokenizers import pre_tokenizers
+
+    from ragen_tasks.models.loading import _keep_saved_pre_tokenizer
+
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    try:
+        Qwen2Config(vocab_size=len(tok)).save_pretrained(tmp_path)
+        tok.save_pretrained(tmp_path)
+        reloaded = _keep_saved_pre_tokenizer(AutoTokenizer.from_pretrained(tmp_path), str(tmp_path))
+        for text in TEXTS:
+            assert reloaded.encode(text) == tok.encode(text), text
+    finally:
+        tok.backend_tokenizer.pre_tokenizer = build_tokenizer().backend_tokenizer.pre_tokenizer
