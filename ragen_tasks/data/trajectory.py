@@ -17,9 +17,8 @@ On disk (Parquet, see ``ARROW_SCHEMA``) token columns are ``list<int32>`` and lo
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Any
 
 import pyarrow as pa
 
@@ -134,15 +133,14 @@ ARROW_SCHEMA = pa.schema(
 )
 
 _FIELD_NAMES = [f.name for f in fields(Trajectory)]
-assert _FIELD_NAMES == ARROW_SCHEMA.names, "Trajectory fields and ARROW_SCHEMA must list the same columns in order"
+if ARROW_SCHEMA.names != _FIELD_NAMES:  # a schema edit that forgot one side must fail at import, not on disk
+    raise ImportError("Trajectory fields and ARROW_SCHEMA must list the same columns in the same order")
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:
     """Trajectories -> Arrow table with ``ARROW_SCHEMA`` (log-probs become float32)."""
-    columns: dict[str, list[Any]] = {name: [] for name in _FIELD_NAMES}
-    for traj in trajectories:
-        for name, value in asdict(traj).items():
-            columns[name].append(value)
+    # getattr, not dataclasses.asdict: asdict deep-copies every token list (~30x slower here).
+    columns = {name: [getattr(traj, name) for traj in trajectories] for name in _FIELD_NAMES}
     return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
 
 
