@@ -1,0 +1,88 @@
+"""DeepSpeed ZeRO backend behind the same ``TrainModel`` interface as the torch one.
+
+Imported only when ``OptimConfig.backend == "deepspeed"``. The engine wraps the caller's module and
+torch optimizer (ZeRO stage from ``OptimConfig.zero_stage``; bf16 when ``amp_dtype == "bfloat16"``
+on GPU). Gradient accumulation is driven by ``ppo_update``: every micro-batch loss already carries
+the minibatch denominator, so DeepSpeed must not rescale it (``scale_wrt_gas=False``) and the
+accumulation boundary is set explicitly on the last micro-batch.
+
+On a machine without a GPU it runs on CPU with the gloo backend (world size 1 unless launched by
+torchrun / deepspeed): set MASTER_ADDR / MASTER_PORT or let :func:`init_distributed` default them.
+Known limit: ZeRO decides on skipping non-finite steps itself (fp16 loss scaling); in fp32 / bf16 we
+report the engine's global grad norm and count a non-finite one as skipped, but the engine may
+already have applied it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ragen_tasks.config import OptimConfig
+
+
+def init_distributed() -> None:
+    """Initialise torch.distributed once (gloo on CPU, nccl on GPU); world size 1 by default."""
+    import deepspeed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
+def ds_config(optim: OptimConfig) -> dict[str, Any]:
+    """The DeepSpeed config for one trainer; accumulation is handled by the caller (see module doc)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # nominal: ppo_update feeds variable-size micro-batches
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": optim.max_grad_norm,
+        "zero_optimization": {"stage": optim.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": optim.amp_dtype == "bfloat16" and torch.cuda.is_available()},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedTrainModel:
+    """A DeepSpeed engine with the ``TrainModel`` methods ``ppo_update`` calls."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig) -> None:
+        import deepspeed
+
+        init_distributed()
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(optim))
+        self.module: nn.Module = self.engine.module
+        self.consecutive_skips = 0
+        self._autocast = optim.amp_dtype == "bfloat16" and not torch.cuda.is_available()
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        if self._autocast:  # CPU bf16: autocast (DeepSpeed's bf16 mode targets GPUs)
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def backward(self, loss: torch.Tensor, *, last_micro_batch: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(last_micro_batch)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> tuple[float, bool]:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = float("nan") if norm is None else float(norm)
+        return norm, math.isfinite(norm)
