@@ -35,6 +35,8 @@ from typing import Any, Literal, cast
 import torch
 from transformers import DynamicCache
 
+from ragen_tasks.models import fast_qwen2
+from ragen_tasks.models.fast_qwen2 import FastQwen2, KVCache
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class HFEngine:
     ``seed``: seeds the engine's own generator, used when ``SamplingParams.seed`` is None (a call
     with ``SamplingParams.seed`` set is reproducible on its own).
     ``reuse_cache``: keep each session's KV between calls (turn off to measure or to save memory).
+    ``fast``: use our functional Qwen2 forward (``models/fast_qwen2.py``) when the model is a
+    Qwen2 causal LM; False = always the transformers forward.
     ``eos_token_ids``: ids that end a response; default = the tokenizer's eos, ``<|im_end|>`` and
     the model's ``generation_config.eos_token_id``.
     """
@@ -100,6 +104,7 @@ class HFEngine:
         *,
         seed: int = 0,
         reuse_cache: bool = True,
+        fast: bool = True,
         eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         attn = getattr(model.config, "_attn_implementation", None)
@@ -111,6 +116,8 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.reuse_cache = reuse_cache
+        self._use_fast = fast and fast_qwen2.supports(model)
+        self._fast_model: FastQwen2 | None = None
         self._attn = attn
         self._rng = random.Random(seed)
         self._sessions: dict[str, _Session] = {}
@@ -134,7 +141,10 @@ class HFEngine:
         gen = torch.Generator(device=device).manual_seed(seed)
         with torch.inference_mode():
             rows = self._prefill_rows(requests)
-            cache, mask, pos, logits = self._prefill(rows)
+            # Qwen2 models run through our functional forward (weights fused afresh: they may have been
+            # updated since the last call); anything else through the transformers forward.
+            self._fast_model = FastQwen2(self.model) if self._use_fast else None
+            cache, mask, pos, logits = self._prefill(rows, params.max_new_tokens)
             live = list(range(len(rows)))  # row indices of the batch lines, in batch order
             for step in range(params.max_new_tokens):
                 tok, lp = self._sample(logits, params, gen)  # (B,), (B,)
@@ -153,7 +163,7 @@ class HFEngine:
                     break
                 if len(keep) < len(live):
                     idx = torch.tensor(keep, device=device)
-                    cache.batch_select_indices(idx)
+                    cache = self._select(cache, idx)
                     mask, pos, tok = mask[idx], pos[idx], tok[idx]
                     live = [live[b] for b in keep]
                 # one decode step for the live rows: the new token attends to every valid column
@@ -209,7 +219,9 @@ class HFEngine:
             rows.append(_Row(index=i, request=req, reuse=reuse, tokens=[], logprobs=[]))
         return rows
 
-    def _prefill(self, rows: list[_Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, rows: list[_Row], max_new_tokens: int
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Feed every row's new tokens on top of its reused KV. Returns (cache, mask (B, P+S), pos (B,), logits (B, V))."""
         device = self.model.device
         n_rows = len(rows)
@@ -219,7 +231,7 @@ class HFEngine:
         ids = torch.full((n_rows, new), pad_id, dtype=torch.long)  # (B, S) new tokens, left-padded
         pos = torch.zeros((n_rows, new), dtype=torch.long)  # (B, S) position of each fed token
         valid = torch.zeros((n_rows, past + new), dtype=torch.bool)  # (B, P+S) True = real token
-        cache = DynamicCache()
+        past_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         for b, r in enumerate(rows):
             suffix = list(r.request.prompt_ids[r.reuse :])
             ids[b, new - len(suffix) :] = torch.tensor(suffix)
@@ -237,17 +249,44 @@ class HFEngine:
                         k, v = self._sessions[r.request.session_id].kv[layer]
                         keys[b, :, past - r.reuse :] = k[0, :, : r.reuse]
                         values[b, :, past - r.reuse :] = v[0, :, : r.reuse]
-                cache.update(keys, values, layer)
+                past_kv.append((keys, values))
         # (B, 1, S, P+S): query q sees valid keys in the past region and valid new keys up to itself;
         # a pad query also sees itself so that no softmax row is empty (its output is never used).
         causal = torch.ones((new, new), dtype=torch.bool).tril()  # (S, S)
         mask4 = torch.cat([valid[:, None, :past].expand(n_rows, new, past), valid[:, None, past:] & causal], dim=2)
         mask4 = mask4 | torch.cat([torch.zeros((new, past), dtype=torch.bool), torch.eye(new, dtype=torch.bool)], 1)
+        cache = self._new_cache(past_kv, capacity=past + new + max_new_tokens)
         logits = self._forward(ids.to(device), pos.to(device), mask4[:, None].to(device), cache)
         return cache, valid.to(device), pos[:, -1].to(device), logits
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask4: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    # ------------------------------------------------------------------ cache: fast path or transformers
+    def _new_cache(self, past_kv: list[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> Any:
+        """A cache holding past_kv (per layer (B, H_kv, P, D) keys, values) with room for ``capacity`` columns."""
+        if self._fast_model is not None:
+            return KVCache(past_kv, capacity)
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(past_kv):
+            cache.update(keys, values, layer)
+        return cache
+
+    def _select(self, cache: Any, idx: torch.Tensor) -> Any:
+        """Keep only batch rows idx (finished rows stop costing compute)."""
+        if self._fast_model is not None:
+            cache.select(idx)
+            return cache
+        cache.batch_select_indices(idx)
+        return cache
+
+    def _layer_kv(self, cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values), each (B, H_kv, K, D)."""
+        if self._fast_model is not None:
+            return cast(list[tuple[torch.Tensor, torch.Tensor]], cache.layers())
+        return [(layer.keys, layer.values) for layer in cast(list[Any], cache.layers)]
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask4: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the model on ids (B, Q) at positions pos (B, Q) with mask (B, 1, Q, K); logits of the last query (B, V)."""
+        if self._fast_model is not None:
+            return self._fast_model.forward(ids, pos, mask4, cache)
         if self._window is not None and "sliding_attention" in self._layer_types and mask4.shape[-1] > self._window:
             raise ValueError(f"sequence of {mask4.shape[-1]} tokens exceeds the model's sliding window {self._window}")
         if self._attn == "eager":
@@ -311,15 +350,12 @@ class HFEngine:
             self._token_text = self.tokenizer.batch_decode([[i] for i in range(size)])
         return self._token_text
 
-    def _store(self, row: _Row, cache: DynamicCache, mask: torch.Tensor, b: int) -> None:
+    def _store(self, row: _Row, cache: Any, mask: torch.Tensor, b: int) -> None:
         """Keep row b's KV (its valid columns) under its session id: prompt + response[:-1]."""
         if not self.reuse_cache:
             return
         cols = mask[b].nonzero().squeeze(1)  # (L,) valid key columns of this row, in order
-        kv = [
-            (layer.keys[b : b + 1, :, cols], layer.values[b : b + 1, :, cols])
-            for layer in cast(list[Any], cache.layers)
-        ]
+        kv = [(k[b : b + 1, :, cols], v[b : b + 1, :, cols]) for k, v in self._layer_kv(cache)]
         ids = list(row.request.prompt_ids) + row.tokens[:-1]
         if kv and kv[0][0].shape[2] != len(ids):
             raise RuntimeError(f"cache bookkeeping error: {kv[0][0].shape[2]} cached columns for {len(ids)} ids")

@@ -70,9 +70,10 @@ def test_is_an_engine(policy) -> None:
         SamplingParams(max_new_tokens=12, temperature=0.0, stop_strings=()),
     ],
 )
-def test_logprobs_equal_a_full_forward_pass(policy, params) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_qwen2", "transformers_forward"])
+def test_logprobs_equal_a_full_forward_pass(policy, params, fast) -> None:
     model, tok = policy
-    gens_by_turn, _ = _multi_turn(HFEngine(model, tok), tok, _prompts(tok, 5), params, turns=2)
+    gens_by_turn, _ = _multi_turn(HFEngine(model, tok, fast=fast), tok, _prompts(tok, 5), params, turns=1)
     hist = [list(p) for p in _prompts(tok, 5)]
     for i, g in enumerate(gens_by_turn[0]):
         assert len(g.logprobs) == len(g.token_ids) >= 1
@@ -80,11 +81,12 @@ def test_logprobs_equal_a_full_forward_pass(policy, params) -> None:
         assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4), (g.logprobs, ref)
 
 
-def test_logprobs_of_later_turns_with_cache_reuse_equal_full_forward(policy) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_qwen2", "transformers_forward"])
+def test_logprobs_of_later_turns_with_cache_reuse_equal_full_forward(policy, fast) -> None:
     model, tok = policy
     prompts = _prompts(tok, 4)
     params = SamplingParams(max_new_tokens=10, seed=5, stop_strings=())
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, fast=fast)
     hist = [list(p) for p in prompts]
     for turn in range(3):
         gens = engine.generate([GenerationRequest(f"s{i}", h) for i, h in enumerate(hist)], params)
@@ -105,6 +107,17 @@ def test_cache_reuse_gives_the_same_outputs_as_no_reuse(policy) -> None:
         for a, b in zip(ga, gb, strict=True):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_fast_forward_and_transformers_forward_agree(policy) -> None:
+    model, tok = policy
+    params = SamplingParams(max_new_tokens=10, seed=4, stop_strings=())
+    a, _ = _multi_turn(HFEngine(model, tok, fast=True), tok, _prompts(tok, 5), params, turns=2)
+    b, _ = _multi_turn(HFEngine(model, tok, fast=False), tok, _prompts(tok, 5), params, turns=2)
+    for ga, gb in zip(a, b, strict=True):
+        for x, y in zip(ga, gb, strict=True):
+            assert x.token_ids == y.token_ids
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
 
 
 def test_edited_history_falls_back_and_release_frees(policy) -> None:
