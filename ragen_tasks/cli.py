@@ -5,6 +5,12 @@ Commands import their heavy dependencies inside the command body so ``ragen --he
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
 app = typer.Typer(
@@ -19,6 +25,140 @@ app = typer.Typer(
 @app.callback()
 def _main() -> None:
     """RAGEN: train LLM agents with multi-turn RL (StarPO / StarPO-S)."""
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a one-line error (no traceback) and return the Exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def train(
+    preset: Annotated[str, typer.Argument(help="preset name (see --list) or a YAML file")] = "default",
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config value: --set optim.lr=1e-4")] = None,
+    run_id: Annotated[str | None, typer.Option(help="name of the run; an existing run id resumes it")] = None,
+    store: Annotated[str | None, typer.Option(help="store root: a folder or s3://bucket/prefix (default runs/)")] = None,
+    list_presets: Annotated[bool, typer.Option("--list", help="list the presets and exit")] = False,
+) -> None:
+    """Train a policy with StarPO through the Prefect training flow.
+
+    Prints the run folder and the report path at the end; the run folder holds summary.json
+    (eval before and after RL per env), report.html and the checkpoints.
+    """
+    from ragen_tasks.presets import ConfigError, available_presets, load_config, parse_override
+
+    if list_presets:
+        typer.echo("\n".join(available_presets()))
+        return
+    try:
+        overrides = {".".join(path): value for path, value in map(parse_override, set_ or [])}
+        if store:
+            overrides["store.root"] = store
+        load_config(preset, overrides)  # fail fast, in one line, before Prefect starts
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    from flows.train import train as train_flow
+
+    summary = train_flow(preset=preset, overrides=overrides, run_id=run_id, show_progress=sys.stderr.isatty())
+    typer.echo(_summary_text(summary))
+
+
+def _summary_text(summary: dict[str, Any]) -> str:
+    lines = [f"run: {summary['store']}", f"report: {summary['report']}",
+             f"final checkpoint: {summary['final_checkpoint']}"]
+    if summary.get("warm_start", {}).get("bandit_high_ev_choice_rate") is not None:
+        lines.append(f"warm start: Bandit higher-EV arm chosen {summary['warm_start']['bandit_high_ev_choice_rate']:.2f} "
+                     "of the time (0.5 = arm-neutral)")
+    lines.append("held-out success   before RL -> after RL")
+    for env, before in summary.get("eval_before_rl", {}).items():
+        after = summary.get("eval_after_rl", {}).get(env, {})
+        lines.append(f"  {env:<16} {before['success']:.3f}  ->  {after.get('success', float('nan')):.3f}")
+    if summary.get("stopped"):
+        lines.append(f"stopped early: {summary['stopped']}")
+    return "\n".join(lines)
+
+
+@app.command()
+def evaluate(
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint folder, e.g. runs/<run>/checkpoints/step_000020")],
+    env: Annotated[list[str] | None, typer.Option("--env", help="env to evaluate (repeatable; default: the run's mixture)")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="held-out seeds per env")] = 32,
+    seed_offset: Annotated[int, typer.Option(min=0, help="first held-out seed")] = 1_000_000,
+    preset: Annotated[str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print per-env metrics as one JSON object on stdout")] = False,
+) -> None:
+    """Evaluate a checkpoint on fixed held-out seeds (deterministic: greedy decoding)."""
+    from ragen_tasks import pipeline
+    from ragen_tasks.envs import ENV_NAMES
+    from ragen_tasks.evaluation import eval_record
+    from ragen_tasks.presets import ConfigError
+
+    if not checkpoint.is_dir():
+        raise _fail(f"checkpoint {str(checkpoint)!r} is not a folder")
+    bad = [e for e in env or [] if e not in ENV_NAMES]
+    if bad:
+        raise _fail(f"--env {bad[0]!r} is not an env; valid: {', '.join(ENV_NAMES)}")
+    from flows.evaluate import config_for_checkpoint
+
+    try:
+        config = config_for_checkpoint(str(checkpoint), preset)
+        per_env, _ = pipeline.evaluate_checkpoint(config, checkpoint, seeds=seeds, seed_offset=seed_offset,
+                                                  env_names=env)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc), code=1) from None
+    record = eval_record(per_env, checkpoint=str(checkpoint), seeds=seeds, seed_offset=seed_offset)
+    if as_json:
+        typer.echo(json.dumps(record["envs"], sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset})")
+    for column in ("env", "success", "reward", "format errors", "turns", "think chars"):
+        table.add_column(column)
+    for name, m in per_env.items():
+        table.add_row(name, f"{m['success']:.3f}", f"{m['reward']:.3f}", f"{m['format_error_rate']:.3f}",
+                      f"{m['mean_turns']:.2f}", f"{m['think_length']:.1f}")
+    Console().print(table)
+
+
+@app.command()
+def report(run: Annotated[str, typer.Argument(help="run folder (runs/<run>) or s3://bucket/prefix/<run>")]) -> None:
+    """(Re)write the HTML report of a run and print its path."""
+    from ragen_tasks import pipeline
+    from ragen_tasks.runs import write_run_report
+
+    try:
+        opened = pipeline.open_existing_run(run)
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    summary_path = opened.run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    typer.echo(str(write_run_report(opened, summary)))
+
+
+BENCHMARKS = ("envs", "rollout", "update", "store", "orchestration")
+
+
+@app.command()
+def bench(
+    name: Annotated[list[str] | None, typer.Argument(help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")] = None,
+) -> None:
+    """Run the benchmarks under bench/ (results are printed; record them in bench/RESULTS.md)."""
+    bench_dir = Path(__file__).resolve().parent.parent / "bench"
+    chosen = list(name or BENCHMARKS)
+    for item in chosen:
+        script = bench_dir / f"{item}.py"
+        if item not in BENCHMARKS or not script.exists():
+            raise _fail(f"unknown benchmark {item!r}; available: {', '.join(b for b in BENCHMARKS if (bench_dir / f'{b}.py').exists())}")
+    for item in chosen:
+        typer.echo(f"== bench/{item}.py")
+        code = subprocess.call([sys.executable, str(bench_dir / f"{item}.py")])
+        if code:
+            raise typer.Exit(code)
 
 
 @app.command()

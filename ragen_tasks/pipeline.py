@@ -1,0 +1,426 @@
+"""The StarPO stages as plain library functions: what the Prefect tasks in ``flows/`` call.
+
+Each stage reads its inputs from the store, commits its outputs there (data first, manifest last)
+and returns a small JSON-able summary. Each is idempotent: run again for the same iteration, it
+finds its committed output and returns at once, so a retried task or a re-run flow never redoes
+or duplicates work.
+
+Policy versions are checkpoint steps: checkpoint ``step_k`` is policy version ``k``, the version
+that samples iteration ``k``'s rollouts; the update of iteration ``k`` commits ``step_{k+1}``.
+
+Per iteration ``k``::
+
+    generate_tasks(k)      -> iter_k/tasks/tasks.json
+    rollout(k)             -> iter_k/rollouts/   (trajectories sampled by policy version k)
+    filter_and_validate(k) -> iter_k/batch/      (GX-validated, fresh, uncertainty-filtered)
+    update(k)              -> checkpoints/step_{k+1}
+    evaluate(k)            -> iter_k/eval/eval.json       (every eval.every iterations and the last)
+    record_iteration(k)    -> iter_k/summary/summary.json (the iteration's commit: resume starts after it)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
+from ragen_tasks.config import TrainConfig
+from ragen_tasks.data.freshness import freshness_report
+from ragen_tasks.data.keys import check_run_id
+from ragen_tasks.data.store import Store
+from ragen_tasks.data.token_batch import collate
+from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.evaluation import aggregate
+from ragen_tasks.models.loading import load_policy
+from ragen_tasks.models.presets import PRESETS
+from ragen_tasks.rollout.engine import SamplingParams
+from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
+from ragen_tasks.rollout.registry import make_engine
+from ragen_tasks.training import checkpoint as ckpt
+from ragen_tasks.training.backend import make_optimizer, make_train_model
+from ragen_tasks.training.critic import make_critic, make_reference
+from ragen_tasks.training.update import ppo_update
+from ragen_tasks.validation.batch import BatchLimits, validate_stored_batch
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "ragen_tasks.pipeline"
+
+
+# ----------------------------------------------------------------------------------- run context
+@dataclass(frozen=True)
+class Run:
+    """Where a run lives. Checkpoints are written to a local folder (the run folder itself on a
+    local store; a scratch cache mirrored to the store on ``s3://``)."""
+
+    config: TrainConfig
+    run_id: str
+    store: Store
+
+    @property
+    def is_local(self) -> bool:
+        return self.store.protocol == "file"
+
+    @property
+    def run_dir(self) -> Path:
+        """Local folder of the run (reports, summary.json, checkpoints on a local store)."""
+        if self.is_local:
+            return Path(self.store.uri(self.run_id).removeprefix("file://"))
+        return Path(os.environ.get("RAGEN_SCRATCH", Path(tempfile.gettempdir()) / "ragen")) / self.run_id
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def checkpoint_path(self, step: int) -> Path:
+        """Local path of committed checkpoint ``step``, fetched from the store if only there."""
+        path = ckpt.step_dir(self.checkpoint_root, step)
+        if not (path / ckpt.MARKER).exists() and not self.is_local:
+            self.store.download_checkpoint(self.run_id, step, path)
+        ckpt.verify_checkpoint(path)
+        return path
+
+    def publish_checkpoint(self, info: ckpt.CheckpointInfo) -> None:
+        if not self.is_local:
+            self.store.upload_checkpoint(info.path, self.run_id, info.step)
+
+
+def open_run(config: TrainConfig, run_id: str | None = None) -> Run:
+    """The run for ``config``: ``run_id`` (or ``config.run_id``, or ``<preset>-<UTC time>``)."""
+    rid = run_id or config.run_id or f"{Path(config.preset).stem}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    return Run(config=config, run_id=check_run_id(rid), store=Store(config.store.root))
+
+
+def open_existing_run(run: str) -> Run:
+    """An existing run from its folder (``runs/<id>``) or URI (``s3://bucket/prefix/<id>``), with the
+    config it was started with. Raises FileNotFoundError naming what is missing."""
+    root, _, run_id = run.rstrip("/").rpartition("/")
+    store = Store(root or ".")
+    if not store.has_manifest(check_run_id(run_id), 0, "summary", "config"):
+        raise FileNotFoundError(f"{run!r} is not a RAGEN run: no committed config at "
+                                f"{store.uri(run_id, 0, 'summary', 'config')}")
+    stored, _ = store.read_json(run_id, 0, "summary", "config")
+    return Run(config=TrainConfig.model_validate(stored), run_id=run_id, store=store)
+
+
+def run_of_checkpoint(path: Path) -> Run | None:
+    """The run a local checkpoint folder belongs to (``<root>/<run>/checkpoints/step_k``), if any."""
+    run_dir = Path(path).resolve().parent.parent
+    try:
+        return open_existing_run(str(run_dir))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------- policy state
+@dataclass
+class Trainer:
+    """Models and optimizers of one update (rebuilt from a checkpoint each time: stages are separable)."""
+
+    actor_module: torch.nn.Module
+    tokenizer: Any
+    optimizers: dict[str, torch.optim.Optimizer]
+    models: dict[str, torch.nn.Module]  # extra checkpointed modules: {"critic": ...} when GAE
+    generator: torch.Generator  # minibatch shuffling, saved in checkpoints for exact resume
+
+
+def build_trainer(config: TrainConfig, source: str | Path) -> Trainer:
+    """Actor (+ critic when GAE) and fresh optimizers from a model folder or preset name."""
+    actor_module, tokenizer = load_policy(str(source), dtype=config.model.dtype, device=config.model.device)
+    actor_module.train()
+    optim = config.optim
+    optimizers: dict[str, torch.optim.Optimizer] = {
+        "actor": make_optimizer(actor_module, lr=optim.lr, weight_decay=optim.weight_decay)
+    }
+    models: dict[str, torch.nn.Module] = {}
+    if config.algo.advantage == "gae":
+        critic = make_critic(actor_module)
+        models["critic"] = critic
+        optimizers["critic"] = make_optimizer(critic, lr=optim.critic_lr, weight_decay=optim.weight_decay)
+    return Trainer(actor_module, tokenizer, optimizers, models, torch.Generator().manual_seed(optim.seed))
+
+
+def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
+    info = ckpt.save_checkpoint(
+        run.checkpoint_root, step, actor=trainer.actor_module, tokenizer=trainer.tokenizer,
+        optimizers=dict(trainer.optimizers), models=trainer.models,
+        extra_state={"generator": trainer.generator.get_state()}, keep_last=run.config.checkpoint.keep_last,
+    )
+    run.publish_checkpoint(info)
+    return info
+
+
+def load_trainer(run: Run, step: int) -> Trainer:
+    path = run.checkpoint_path(step)
+    trainer = build_trainer(run.config, path)
+    info = ckpt.load_checkpoint(path, actor=trainer.actor_module, optimizers=dict(trainer.optimizers),
+                                models=trainer.models)
+    trainer.generator.set_state(info.extra_state["generator"])
+    return trainer
+
+
+def fingerprint(run: Run, step: int) -> str:
+    return str(ckpt.verify_checkpoint(run.checkpoint_path(step))["fingerprint"])
+
+
+# ----------------------------------------------------------------------------------- stages
+def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
+    """Create (or resume) the run: config recorded, initial policy committed as checkpoint step 0.
+
+    Returns ``{"run_id", "start_iteration", "warm_start"}``. The initial policy is the model of
+    ``config.model``; for the built-in presets (random init) the warm start runs first when enabled.
+    """
+    config = run.config
+    run.store.write_json(run.run_id, 0, "summary", "config", config.model_dump(mode="json"), producer=PRODUCER)
+    stored_config, _ = run.store.read_json(run.run_id, 0, "summary", "config")  # the first start's, on a resume
+    _check_same_config(stored_config, config.model_dump(mode="json"), run.store.uri(run.run_id))
+    warm: dict[str, Any] = {}
+    if ckpt.latest_checkpoint(run.checkpoint_root) is None and not _store_has_checkpoint(run, 0):
+        trainer = build_trainer(config, config.model.name_or_path)
+        if config.warm_start.enabled and config.model.name_or_path in PRESETS:
+            from ragen_tasks.training.warm_start import warm_start  # only needed for fresh presets
+
+            warm = warm_start(trainer.actor_module, trainer.tokenizer, config, progress=progress)
+            trainer = _fresh_optimizers(config, trainer)
+        save_trainer(run, trainer, 0)
+        run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
+    elif run.store.has_manifest(run.run_id, 0, "summary", "warm_start"):
+        warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
+    initial_eval(run)  # before RL (after the warm start): what summary.json compares the final policy with
+    done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
+    return {"run_id": run.run_id, "start_iteration": 0 if done is None else done + 1, "warm_start": warm}
+
+
+def initial_eval(run: Run) -> dict[str, Any]:
+    """Held-out evaluation of policy version 0, committed once (checkpoint 0 is pruned later)."""
+    if not run.store.has_manifest(run.run_id, 0, "eval", "initial"):
+        per_env, _ = evaluate_step(run, 0)
+        run.store.write_json(run.run_id, 0, "eval", "initial", {"envs": per_env, "policy_version": 0},
+                             producer=PRODUCER, policy_version=0)
+    result, _ = run.store.read_json(run.run_id, 0, "eval", "initial")
+    return dict(result)
+
+
+def _fresh_optimizers(config: TrainConfig, trainer: Trainer) -> Trainer:
+    """RL starts with fresh optimizer state (the warm start's Adam moments are not RL's)."""
+    rebuilt = {name: make_optimizer(module, lr=config.optim.lr if name == "actor" else config.optim.critic_lr,
+                                    weight_decay=config.optim.weight_decay)
+               for name, module in {"actor": trainer.actor_module, **trainer.models}.items()}
+    return Trainer(trainer.actor_module, trainer.tokenizer, rebuilt, trainer.models, trainer.generator)
+
+
+def _store_has_checkpoint(run: Run, step: int) -> bool:
+    return not run.is_local and step in run.store.list_checkpoints(run.run_id)
+
+
+def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """Resuming with another config would silently mix two experiments: refuse, naming the keys.
+    ``iterations`` may grow (extend a finished run)."""
+    diffs = sorted(k for k in set(stored) | set(current)
+                   if k not in ("iterations", "preset") and stored.get(k) != current.get(k))
+    if diffs:
+        raise ValueError(f"run {where} already exists with a different config (differs in: {', '.join(diffs)}); "
+                         "use a new run id, or the same settings to resume")
+
+
+def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
+    """Task generation: ``groups`` initial states x ``group_size`` rollouts (task diversity knob)."""
+    config = run.config
+    if not run.store.has_manifest(run.run_id, iteration, "tasks", "tasks"):
+        tasks = make_group_tasks(config.envs, config.rollout.groups, config.rollout.group_size, config.seed,
+                                 iteration, seed_space=config.eval.seed_offset)
+        run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER,
+                             policy_version=iteration)
+    tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
+    return {"uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"), "tasks": len(tasks_json)}
+
+
+def _sampling(config: TrainConfig, *, temperature: float, seed: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn, temperature=temperature,
+                          top_p=config.rollout.top_p, top_k=config.rollout.top_k, seed=seed)
+
+
+def play_checkpoint(config: TrainConfig, path: Path, tasks: list[RolloutTask], *, temperature: float, seed: int,
+                    policy_version: int, weights_fingerprint: str) -> list[Trajectory]:
+    """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``)."""
+    model, tokenizer = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
+    engine = make_engine(config.rollout.engine, model=model, tokenizer=tokenizer, **config.rollout.engine_options)
+    return run_rollouts(engine, tokenizer, tasks, agent=config.agent, sampling=_sampling(config, temperature=temperature,
+                        seed=seed), policy_version=policy_version, weights_fingerprint=weights_fingerprint)
+
+
+def _play(run: Run, step: int, tasks: list[RolloutTask], *, temperature: float, seed: int) -> list[Trajectory]:
+    """Roll out ``tasks`` with policy version ``step`` of the run."""
+    return play_checkpoint(run.config, run.checkpoint_path(step), tasks, temperature=temperature, seed=seed,
+                           policy_version=step, weights_fingerprint=fingerprint(run, step))
+
+
+def evaluate_checkpoint(config: TrainConfig, path: Path, *, seeds: int | None = None, seed_offset: int | None = None,
+                        env_names: list[str] | None = None) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+    """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
+    a name not in the mixture is evaluated with its default config). Deterministic given the seeds."""
+    from ragen_tasks.config import EnvSpec
+
+    by_name = {s.name: s for s in config.envs}
+    specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
+    tasks = make_eval_tasks(specs, seeds or config.eval.seeds,
+                            config.eval.seed_offset if seed_offset is None else seed_offset)
+    verified = ckpt.verify_checkpoint(Path(path)) if (Path(path) / ckpt.MARKER).exists() else {}
+    trajectories = play_checkpoint(config, Path(path), tasks, temperature=config.eval.temperature, seed=config.seed,
+                                   policy_version=int(verified.get("policy_version", 0)),
+                                   weights_fingerprint=str(verified.get("fingerprint", "")))
+    return aggregate(trajectories), trajectories
+
+
+def rollout(run: Run, iteration: int) -> dict[str, Any]:
+    """Roll out the iteration's tasks with policy version ``iteration``; commit the trajectories."""
+    t0 = time.perf_counter()
+    if not run.store.has_manifest(run.run_id, iteration, "rollouts"):
+        tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
+        tasks = [RolloutTask(**t) for t in tasks_json]
+        trajectories = _play(run, iteration, tasks, temperature=run.config.rollout.temperature,
+                             seed=run.config.seed * 1_000_003 + iteration)
+        run.store.write_trajectories(run.run_id, iteration, "rollouts", trajectories, producer=PRODUCER,
+                                     policy_version=iteration, weights_fingerprint=fingerprint(run, iteration))
+    manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
+    return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
+            "trajectories": manifest.objects[0].rows, "timing/rollout_s": time.perf_counter() - t0}
+
+
+def batch_limits(config: TrainConfig) -> BatchLimits:
+    """What a rollout batch must satisfy before it may be trained on."""
+    agent = config.agent
+    return BatchLimits(reward_min=config.store.reward_min, reward_max=config.store.reward_max,
+                       max_tokens=agent.max_context_tokens + agent.max_tokens_per_turn, max_turns=agent.max_turns)
+
+
+def filter_and_validate(run: Run, iteration: int, *, current_version: int | None = None) -> dict[str, Any]:
+    """Great Expectations validation, freshness check, uncertainty-based filtering -> training batch.
+
+    ``current_version`` is the trainer's policy version (defaults to ``iteration``: on-policy).
+    Returns health metrics of the whole rollout batch and the filter's metrics.
+    """
+    config = run.config
+    version = iteration if current_version is None else current_version
+    if run.store.has_manifest(run.run_id, iteration, "batch"):
+        summary, _ = run.store.read_json(run.run_id, iteration, "batch", "summary")
+        return dict(summary)
+    trajectories, manifest = validate_stored_batch(run.store, run.run_id, iteration, "rollouts",
+                                                   limits=batch_limits(config))
+    known = {manifest.policy_version: manifest.weights_fingerprint}
+    known[version] = fingerprint(run, version) if version != manifest.policy_version else known[version]
+    fresh = freshness_report(trajectories, version, known, config.freshness.max_staleness)
+    metrics: dict[str, Any] = {**rollout_health_from_trajectories(trajectories), **fresh.metrics()}
+    kept: list[Trajectory] = []
+    if fresh.accepted:
+        rewards = torch.tensor([t.reward for t in fresh.accepted], dtype=torch.float32)  # (N,)
+        group_ids = torch.tensor([t.group_id for t in fresh.accepted], dtype=torch.long)  # (N,)
+        keep, filter_metrics = filter_groups(rewards, group_ids, config.algo.filter_keep_ratio, config.algo.filter_mode)
+        kept = [fresh.accepted[i] for i in keep.tolist()]
+        metrics.update({k: float(v) for k, v in filter_metrics.items()})
+    metrics["batch/kept_trajectories"] = float(len(kept))
+    metrics = _json_floats(metrics)
+    # The summary goes first: the batch manifest (written last) is what marks this stage as done.
+    run.store.write_json(run.run_id, iteration, "batch", "summary", metrics, producer=PRODUCER, policy_version=version)
+    run.store.write_trajectories(run.run_id, iteration, "batch", kept, producer=PRODUCER,
+                                 policy_version=manifest.policy_version,
+                                 weights_fingerprint=manifest.weights_fingerprint)
+    return metrics
+
+
+def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """Metrics as JSON-safe floats: NaN/inf (e.g. a std of an empty set) become null."""
+    return {k: (float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None)
+            for k, v in metrics.items()}
+
+
+def update(run: Run, iteration: int) -> dict[str, Any]:
+    """One StarPO update on the iteration's batch: policy version ``iteration`` -> ``iteration + 1``."""
+    config = run.config
+    new_step = iteration + 1
+    if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
+        stored, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
+        return dict(stored)
+    trainer = load_trainer(run, iteration) if _step_missing(run, new_step) else None
+    metrics: dict[str, Any] = {}
+    if trainer is not None:  # else: a retry after the checkpoint committed but before the metrics did
+        batch, _ = run.store.read_trajectories(run.run_id, iteration, "batch")
+        if batch:
+            pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
+            actor = make_train_model(trainer.actor_module, trainer.optimizers["actor"], config.optim)
+            critic = None
+            if "critic" in trainer.models:
+                critic = make_train_model(trainer.models["critic"], trainer.optimizers["critic"], config.optim)
+            ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
+            metrics = ppo_update(collate(batch, pad_id=pad_id), actor=actor, algo=config.algo, optim=config.optim,
+                                 generator=trainer.generator, critic=critic, ref_model=ref)
+        else:
+            log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
+            metrics = {"batch/trajectories": 0.0}
+        info = save_trainer(run, trainer, new_step)
+        metrics["checkpoint/step"] = float(info.step)
+    finite = _json_floats(metrics)
+    run.store.write_json(run.run_id, iteration, "update", "metrics", finite, producer=PRODUCER,
+                         policy_version=new_step, weights_fingerprint=fingerprint(run, new_step))
+    return finite
+
+
+def _step_missing(run: Run, step: int) -> bool:
+    path = ckpt.step_dir(run.checkpoint_root, step)
+    return not (path / ckpt.MARKER).exists() and not _store_has_checkpoint(run, step)
+
+
+def should_evaluate(config: TrainConfig, iteration: int) -> bool:
+    return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
+
+
+def evaluate_step(run: Run, step: int, *, seeds: int | None = None, seed_offset: int | None = None,
+                  env_names: list[str] | None = None) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+    """Held-out evaluation of policy version ``step`` of the run (deterministic given the seeds)."""
+    return evaluate_checkpoint(run.config, run.checkpoint_path(step), seeds=seeds, seed_offset=seed_offset,
+                               env_names=env_names)
+
+
+def evaluate(run: Run, iteration: int) -> dict[str, Any]:
+    """Evaluate the policy the iteration produced (version ``iteration + 1``); commit the result."""
+    if not run.store.has_manifest(run.run_id, iteration, "eval", "eval"):
+        per_env, _ = evaluate_step(run, iteration + 1)
+        run.store.write_json(run.run_id, iteration, "eval", "eval",
+                             {"envs": per_env, "policy_version": iteration + 1}, producer=PRODUCER,
+                             policy_version=iteration + 1)
+    result, _ = run.store.read_json(run.run_id, iteration, "eval", "eval")
+    return dict(result)
+
+
+def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Commit the iteration's metrics row: from now on a resumed run starts at ``iteration + 1``."""
+    run.store.write_json(run.run_id, iteration, "summary", "summary", dict(row), producer=PRODUCER,
+                         policy_version=iteration + 1)
+    stored, _ = run.store.read_json(run.run_id, iteration, "summary", "summary")
+    return dict(stored)
+
+
+def history(run: Run) -> list[dict[str, Any]]:
+    """All committed iteration rows, in order."""
+    last = run.store.last_committed_iteration(run.run_id, "summary", "summary")
+    return [run.store.read_json(run.run_id, k, "summary", "summary")[0] for k in range(0 if last is None else last + 1)]
+
+
+def flatten_eval(result: Mapping[str, Any]) -> dict[str, float]:
+    return {f"eval/{env}/{k}": float(v) for env, metrics in result.get("envs", {}).items() for k, v in metrics.items()}
+
+
+def cleanup_scratch(run: Run) -> None:
+    if not run.is_local:
+        shutil.rmtree(run.run_dir, ignore_errors=True)

@@ -1,0 +1,72 @@
+"""End of a run: ``summary.json`` and the HTML report, from what the store holds.
+
+``summary.json`` (in the run folder) holds the preset, iterations, the final checkpoint, and the
+held-out evaluation of the policy BEFORE RL (checkpoint 0, after the warm start) and AFTER RL
+(the final checkpoint), per env, so the learning it shows is RL's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ragen_tasks import pipeline
+from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.report import write_report
+
+log = logging.getLogger(__name__)
+
+
+def _samples(run: pipeline.Run, iteration: int, per_env: int = 2) -> list[Trajectory]:
+    """A success and a failure per env from the iteration's rollouts (whatever exists)."""
+    if iteration < 0 or not run.store.has_manifest(run.run_id, iteration, "rollouts"):
+        return []
+    trajectories, _ = run.store.read_trajectories(run.run_id, iteration, "rollouts")
+    picked: list[Trajectory] = []
+    for env in sorted({t.env_name for t in trajectories}):
+        mine = [t for t in trajectories if t.env_name == env]
+        wins = [t for t in mine if t.success]
+        losses = [t for t in mine if not t.success]
+        picked.extend((wins[:1] + losses[:1] + mine)[:per_env])
+    return picked
+
+
+def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -> Path:
+    rows = pipeline.history(run)
+    signals = [s for row in rows for s in row.get("guard/signals", []) or []]
+    last = rows[-1]["iteration"] if rows else -1
+    return write_report(run.run_dir / "report.html", title=f"RAGEN run {run.run_id}", history=rows, signals=signals,
+                        samples=_samples(run, last), summary=summary)
+
+
+def finish_run(run: pipeline.Run, *, warm_start: dict[str, Any], stopped: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Evaluate before/after RL, write ``summary.json`` and ``report.html``; return the summary."""
+    rows = pipeline.history(run)
+    final_step = len(rows)
+    before = pipeline.initial_eval(run)["envs"]
+    after_rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    after: dict[str, dict[str, float]] = {}
+    if rows and rows[-1] in after_rows:
+        after = {env: m for env, m in pipeline.evaluate(run, final_step - 1)["envs"].items()}
+    summary: dict[str, Any] = {
+        "run_id": run.run_id,
+        "preset": run.config.preset,
+        "iterations": final_step,
+        "final_checkpoint": str(run.checkpoint_path(final_step)) if final_step else str(run.checkpoint_path(0)),
+        "store": run.store.uri(run.run_id),
+        "warm_start": warm_start,
+        "eval_before_rl": before,
+        "eval_after_rl": after,
+        "final_eval": after,
+    }
+    if stopped:
+        summary["stopped"] = stopped
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    summary["report"] = str(run.run_dir / "report.html")
+    tmp = run.run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.replace(run.run_dir / "summary.json")
+    write_run_report(run, summary)
+    return summary
