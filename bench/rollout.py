@@ -74,6 +74,40 @@ def multi_turn(engine: HFEngine, tokenizer, prompts: list[list[int]], new: int, 
     return dt
 
 
+class _TimedEngine:
+    """Wraps an engine and adds up the wall time spent inside ``generate``."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine, self.seconds = engine, 0.0
+
+    def generate(self, requests, params):
+        t0 = time.perf_counter()
+        try:
+            return self.engine.generate(requests, params)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def release(self, session_ids) -> None:
+        self.engine.release(session_ids)
+
+
+def loop_share(model, tok, env: str, episodes: int) -> tuple[float, float, int]:
+    """Multi-turn loop (ragen_tasks.rollout.loop) on `episodes` episodes of `env`: (total s, share outside generate, turns)."""
+    from ragen_tasks.config import AgentConfig, EnvSpec
+    from ragen_tasks.rollout.loop import make_group_tasks, run_rollouts
+
+    tasks = make_group_tasks([EnvSpec(name=env)], groups=episodes // 8, group_size=8, seed=0, iteration=0)
+    engine = _TimedEngine(HFEngine(model, tok))
+    t0 = time.perf_counter()
+    trajs = run_rollouts(
+        engine, tok, tasks, agent=AgentConfig(), sampling=SamplingParams(max_new_tokens=64, seed=0),
+        policy_version=0, weights_fingerprint="bench",
+    )  # fmt: skip
+    total = time.perf_counter() - t0
+    turns = sum(len(t.turn_rewards) for t in trajs)
+    return total, 1 - engine.seconds / total, turns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -106,6 +140,10 @@ def main() -> None:
                 f"| {preset} | {batch} | {ours:,.0f} | {base:,.0f} | {ours / base:.2f}x | {bf16:,.0f} | {bf16 / ours:.2f}x |",
                 flush=True,
             )
+        for env in ("bandit", "sokoban", "frozen_lake"):
+            total, share, turns = loop_share(model, tok, env, args.batches[-1])
+            print(f"| {preset} | {args.batches[-1]} | loop on {env}: {total:.2f}s, {share:.1%} outside engine.generate "
+                  f"({turns} turns) | | | | |", flush=True)  # fmt: skip
         prompts = make_prompts(tok, args.batches[0])
         reuse = multi_turn(HFEngine(model, tok, reuse_cache=True), tok, prompts, args.new_tokens, 4)
         fresh = multi_turn(HFEngine(model, tok, reuse_cache=False), tok, prompts, args.new_tokens, 4)
