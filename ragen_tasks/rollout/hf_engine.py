@@ -219,9 +219,7 @@ class HFEngine:
             rows.append(_Row(index=i, request=req, reuse=reuse, tokens=[], logprobs=[]))
         return rows
 
-    def _prefill(
-        self, rows: list[_Row], max_new_tokens: int
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, rows: list[_Row], max_new_tokens: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Feed every row's new tokens on top of its reused KV. Returns (cache, mask (B, P+S), pos (B,), logits (B, V))."""
         device = self.model.device
         n_rows = len(rows)
