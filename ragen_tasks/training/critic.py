@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from ragen_tasks.algos.losses import entropy_from_logits, logprobs_from_logits
 
 
 class ValueModel(nn.Module):
@@ -49,15 +52,20 @@ def make_reference(actor: nn.Module) -> nn.Module:
     return ref
 
 
-def token_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) ids -> (B, T, V) float32 logits aligned to tokens: row t predicts token t (row 0 unused)."""
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                   with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Aligned per-token log-probs (and entropies) of ``input_ids`` under ``model``.
+
+    input_ids, attention_mask: (B, T). Returns ``(logprobs (B, T), entropy (B, T) or None)`` where
+    column t describes token t (predicted by the logits at t - 1) and column 0 is 0. The (B, T, V)
+    logits are sliced, never copied or concatenated. ``entropy_grad=False`` computes the entropy
+    without building its autograd graph (a metric only, not a loss term).
+    """
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    logits = logits.float()
-    return torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
-
-
-def gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids) from aligned logits: (B, T, V), (B, T) -> (B, T); column 0 is garbage-free 0."""
-    logp = torch.gather(logits, -1, input_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    logp[:, 0] = 0.0
-    return logp
+    pred = logits[:, :-1]  # (B, T-1, V): row t predicts token t + 1
+    logp = F.pad(logprobs_from_logits(pred, input_ids[:, 1:]).float(), (1, 0))  # (B, T)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = F.pad(entropy_from_logits(pred.float()), (1, 0))  # (B, T)
+    return logp, entropy

@@ -30,12 +30,12 @@ from torch import nn
 
 from ragen_tasks.algos.advantages import batch_norm_advantages, gae_advantages, grpo_advantages
 from ragen_tasks.algos.kl import kl_in_reward, kl_loss
-from ragen_tasks.algos.losses import entropy_from_logits, logprobs_from_logits, ppo_policy_loss, value_loss
+from ragen_tasks.algos.losses import ppo_policy_loss, value_loss
 from ragen_tasks.algos.rewards import token_level_rewards
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.token_batch import TokenBatch
 from ragen_tasks.training.backend import TrainModel
-from ragen_tasks.training.critic import token_logits
+from ragen_tasks.training.critic import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,8 @@ def _forward_logprobs(model: nn.Module, batch: TokenBatch, micro: int, ctx: Trai
         rows = torch.arange(start, min(start + micro, batch.batch_size))
         mb = batch.select(rows)
         with ctx.forward_context() if ctx is not None else contextlib.nullcontext():
-            logits = token_logits(model, mb.input_ids, mb.attention_mask)  # (b, t, V), row t predicts token t
-        out[rows, : mb.seq_len] = logprobs_from_logits(logits, mb.input_ids) * mb.attention_mask
+            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask)  # (b, t): log p(token t | < t)
+        out[rows, : mb.seq_len] = logp * mb.attention_mask
     return out
 
 
@@ -168,10 +168,10 @@ def ppo_update(
                 adv, old_lp = advantages[rows, :t], old_logprobs[rows, :t]  # (b, t)
                 weight = float(rows.numel()) / mb_rows.numel()  # metric weight of this micro-batch
                 last = i == n_micro - 1
-                with actor.forward_context():
-                    logits = token_logits(actor.module, mb.input_ids, mb.attention_mask)  # (b, t, V)
-                logprobs = logprobs_from_logits(logits, mb.input_ids)  # (b, t)
-                entropy = entropy_from_logits(logits) if algo.entropy_coef > 0 or i == 0 else None
+                with actor.forward_context():  # entropy: for the bonus, else as a metric on micro-batch 0
+                    logprobs, entropy = token_logprobs(actor.module, mb.input_ids, mb.attention_mask,
+                                                       with_entropy=algo.entropy_coef > 0 or i == 0,
+                                                       entropy_grad=algo.entropy_coef > 0)  # (b, t)
                 loss, m = ppo_policy_loss(logprobs, old_lp, adv, mb.loss_mask, clip_low=algo.clip_low,
                                           clip_high=algo.clip_high, dual_clip_c=algo.dual_clip_c, agg=algo.loss_agg,
                                           entropy=entropy, entropy_coef=algo.entropy_coef, denominator=denom)
