@@ -20,6 +20,7 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
+from flows import stages
 from ragen_tasks import pipeline
 from ragen_tasks.config import TrainConfig
 from ragen_tasks.data.store import Store
@@ -138,11 +139,15 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                                         description=f"StarPO iterations of {run.run_id}")
     bar = _Bar(show_progress, config.iterations, start)
     for it in range(start, config.iterations):
-        generate_tasks(run, it)
-        rolled = rollout(run, it)
+        mode = config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
+        if mode != "async":
+            generate_tasks(run, it)
+        rolled = {"inprocess": rollout, "deployment": stages.rollout_via_deployment,
+                  "async": stages.consume_async_batch}[mode](run, it)
         batch = filter_and_validate(run, it)
-        updated = update(run, it)
-        row: dict[str, Any] = {"iteration": it, **batch, **updated, "timing/rollout_s": rolled["timing/rollout_s"]}
+        updated = stages.update_via_deployment(run, it) if mode == "deployment" else update(run, it)
+        row: dict[str, Any] = {"iteration": it, **batch, **updated,
+                               **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))}}
         if pipeline.should_evaluate(config, it):
             row.update(pipeline.flatten_eval(evaluate(run, it)))
         row = record_iteration(run, it, row)

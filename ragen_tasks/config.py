@@ -53,6 +53,21 @@ class RolloutConfig(_Frozen):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     top_k: int = Field(0, ge=0, description="top-k sampling; 0 = off")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific options (e.g. base_url)")
+    mode: Literal["inprocess", "deployment", "async"] = Field(
+        "inprocess", description="inprocess: every stage in the train flow; deployment: rollout and update run as "
+        "separate Prefect deployments (run_deployment, store URIs only); async: rollout workers commit batches "
+        "continuously and the trainer consumes fresh ones (freshness.max_staleness)")
+    rollout_deployment: str = Field("ragen-rollout-stage/rollout-stage",
+                                    description="mode=deployment: '<flow>/<deployment>' that runs the rollout stage")
+    update_deployment: str = Field("ragen-update-stage/update-stage",
+                                   description="mode=deployment: '<flow>/<deployment>' that runs the update stage")
+    stage_timeout_s: float = Field(3600.0, gt=0, description="mode=deployment: seconds to wait for one stage run")
+    async_poll_s: float = Field(1.0, gt=0, description="mode=async: seconds between polls of the store (workers and trainer)")
+    async_wait_timeout_s: float = Field(
+        900.0, gt=0, description="mode=async: the trainer fails (naming max_staleness) after waiting this long for a fresh batch")
+    async_warn_after_s: float = Field(60.0, gt=0, description="mode=async: warn once after waiting this long for a fresh batch")
+    async_batches_per_version: int = Field(
+        1, ge=1, description="mode=async: batches one worker commits per policy version before waiting for a newer checkpoint")
 
 
 class AlgoConfig(_Frozen):

@@ -1,0 +1,83 @@
+"""Stage deployments and async consumption: how the train flow runs rollout and update when
+``rollout.mode`` is not ``inprocess``.
+
+- ``deployment``: the rollout and the update of each iteration run as separate Prefect deployments
+  (e.g. vLLM pods vs trainer pods, on different work pools) through ``run_deployment``. Only the run
+  URI and the iteration number cross the boundary; the stage flows below re-open the run from the
+  store (:func:`ragen_tasks.pipeline.open_existing_run`) and commit their output there, and the
+  trainer reads the committed manifest back (a stage run that "completed" without committing fails).
+- ``async``: rollout workers (``flows/rollout_worker.py``) commit batches continuously; the trainer's
+  rollout step consumes the freshest batch that passes the freshness check
+  (:func:`ragen_tasks.async_rollout.consume_batch`).
+
+The stage flows are idempotent like the stages they wrap: a retried or duplicated run finds the
+committed manifest and returns at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.deployments import run_deployment
+
+from ragen_tasks import async_rollout, pipeline
+
+
+@flow(name="ragen-rollout-stage")
+def rollout_stage(run: str, iteration: int) -> dict[str, Any]:
+    """Roll out iteration ``iteration`` of the run at ``run`` (its folder or ``s3://bucket/prefix/<run_id>``)."""
+    return pipeline.rollout(pipeline.open_existing_run(run), iteration)
+
+
+@flow(name="ragen-update-stage")
+def update_stage(run: str, iteration: int) -> dict[str, Any]:
+    """Update of iteration ``iteration`` of the run at ``run``: commits checkpoint ``iteration + 1``."""
+    return pipeline.update(pipeline.open_existing_run(run), iteration)
+
+
+def run_uri(run: pipeline.Run) -> str:
+    """What a stage deployment gets instead of the run object: the run's store URI."""
+    return run.store.uri(run.run_id)
+
+
+def _run_stage(run: pipeline.Run, iteration: int, deployment: str, stage: str, name: str) -> None:
+    """Run one stage deployment and wait for it (bounded); fail unless its manifest is committed."""
+    logger = get_run_logger()
+    if run.store.has_manifest(run.run_id, iteration, stage, name):
+        return  # idempotent: committed by an earlier attempt
+    timeout = run.config.rollout.stage_timeout_s
+    flow_run = run_deployment(name=deployment, parameters={"run": run_uri(run), "iteration": iteration},
+                              timeout=timeout, poll_interval=min(5.0, timeout / 10), as_subflow=True)
+    state = flow_run.state
+    logger.info("iteration %d: %s run %s ended %s", iteration, deployment, flow_run.id, state.name if state else None)
+    if not run.store.has_manifest(run.run_id, iteration, stage, name):
+        raise RuntimeError(
+            f"iteration {iteration}: deployment {deployment!r} (flow run {flow_run.id}) ended in state "
+            f"{state.name if state else 'unknown'} without committing {run.store.uri(run.run_id, iteration, stage, name)}"
+            f" (rollout.stage_timeout_s={timeout}); check its logs and that a worker serves its work pool")
+
+
+@task(name="rollout-via-deployment", cache_policy=NO_CACHE)
+def rollout_via_deployment(run: pipeline.Run, iteration: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    _run_stage(run, iteration, run.config.rollout.rollout_deployment, "rollouts", "trajectories")
+    manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
+    return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"), "trajectories": manifest.num_rows,
+            "timing/rollout_s": time.perf_counter() - t0}
+
+
+@task(name="update-via-deployment", cache_policy=NO_CACHE)
+def update_via_deployment(run: pipeline.Run, iteration: int) -> dict[str, Any]:
+    _run_stage(run, iteration, run.config.rollout.update_deployment, "update", "metrics")
+    metrics, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
+    return dict(metrics)
+
+
+@task(name="consume-async-batch", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def consume_async_batch(run: pipeline.Run, iteration: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    metrics = async_rollout.consume_batch(run, iteration)
+    return {**metrics, "timing/rollout_s": time.perf_counter() - t0}
