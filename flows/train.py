@@ -21,9 +21,10 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from flows import stages
-from ragen_tasks import pipeline
+from ragen_tasks import guard, pipeline
 from ragen_tasks.config import TrainConfig
 from ragen_tasks.data.store import Store
+from ragen_tasks.guard import GuardDecision
 from ragen_tasks.presets import DEFAULT_PRESET, load_config
 
 # Idempotent stages retry once: a retry finds what the failed attempt committed and finishes the rest.
@@ -56,8 +57,8 @@ def update(run: pipeline.Run, iteration: int) -> dict[str, Any]:
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def evaluate(run: pipeline.Run, iteration: int) -> dict[str, Any]:
-    return pipeline.evaluate(run, iteration)
+def evaluate(run: pipeline.Run, iteration: int, step: int) -> dict[str, Any]:
+    return pipeline.evaluate(run, iteration, step)
 
 
 @task(name="record-iteration", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -66,10 +67,10 @@ def record_iteration(run: pipeline.Run, iteration: int, row: dict[str, Any]) -> 
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
-def finish_run(run: pipeline.Run, init: dict[str, Any]) -> dict[str, Any]:
+def finish_run(run: pipeline.Run, init: dict[str, Any], stopped: dict[str, Any] | None = None) -> dict[str, Any]:
     from ragen_tasks.runs import finish_run as finish  # report + summary.json
 
-    return finish(run, warm_start=init.get("warm_start", {}))
+    return finish(run, warm_start=init.get("warm_start", {}), stopped=stopped)
 
 
 SUMMARY_KEYS = ("rollout/success", "rollout/reward_mean", "rollout/in_group_std", "actor/entropy", "actor/grad_norm",
@@ -128,38 +129,82 @@ def train(
     return run_training(config, run_id=run_id, show_progress=show_progress)
 
 
+@task(name="echo-trap-guard", cache_policy=NO_CACHE)
+def guard_check(run: pipeline.Run, rows: list[dict[str, Any]], rollbacks_done: int,
+                overrides: dict[str, Any]) -> GuardDecision:
+    return guard.decide(run.config, rows, rollbacks_done=rollbacks_done, overrides=overrides)
+
+
+@task(name="rollback", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def rollback(run: pipeline.Run, iteration: int, to_step: int, new_step: int) -> dict[str, Any]:
+    return pipeline.rollback(run, iteration, to_step=to_step, new_step=new_step)
+
+
+def _since_last_rollback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The detector judges the history since the last rollback (the collapsed stretch is history)."""
+    starts = [i for i, row in enumerate(rows) if row.get("guard/action") == "rollback"]
+    return rows[starts[-1] + 1:] if starts else rows
+
+
 def run_training(config: TrainConfig, *, run_id: str | None = None, show_progress: bool = False) -> dict[str, Any]:
     """The iteration loop (inside a flow run): reads like the paper's algorithm box."""
     logger = get_run_logger()
-    run = pipeline.open_run(config, run_id)
-    init = init_run(config, run.run_id)
+    base = pipeline.open_run(config, run_id)
+    init = init_run(config, base.run_id)
     start = int(init["start_iteration"])
-    logger.info("run %s: iterations %d..%d (store %s)", run.run_id, start, config.iterations - 1, run.store.root_uri)
-    progress: Any = create_progress_artifact(progress=100.0 * start / config.iterations, key=f"{_artifact_key(run.run_id)}-progress",
-                                        description=f"StarPO iterations of {run.run_id}")
+    logger.info("run %s: iterations %d..%d (store %s)", base.run_id, start, config.iterations - 1, base.store.root_uri)
+    progress: Any = create_progress_artifact(progress=100.0 * start / config.iterations,
+                                             key=f"{_artifact_key(base.run_id)}-progress",
+                                             description=f"StarPO iterations of {base.run_id}")
     bar = _Bar(show_progress, config.iterations, start)
+    rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
+    overrides: dict[str, Any] = dict(rows[-1].get("guard/overrides", {})) if rows else {}
+    rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
+    stopped: dict[str, Any] | None = None
     for it in range(start, config.iterations):
-        mode = config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
+        healthy = guard.healthy_step(_since_last_rollback(rows))
+        run = base.with_overrides(overrides, protect=[] if healthy is None else [healthy])
+        mode = run.config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
         if mode != "async":
             generate_tasks(run, it)
         rolled = {"inprocess": rollout, "deployment": stages.rollout_via_deployment,
                   "async": stages.consume_async_batch}[mode](run, it)
         batch = filter_and_validate(run, it)
         updated = stages.update_via_deployment(run, it) if mode == "deployment" else update(run, it)
+        next_step = int(updated["checkpoint/step"])  # the policy the next iteration samples with
         row: dict[str, Any] = {"iteration": it, **batch, **updated,
-                               **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))}}
-        if pipeline.should_evaluate(config, it):
-            row.update(pipeline.flatten_eval(evaluate(run, it)))
+                               **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))},
+                               "policy/step": pipeline.policy_step(run, it), "policy/next_step": next_step}
+        decision = guard_check(run, [*_since_last_rollback(rows), row], rollbacks, overrides)
+        if decision.action == "rollback" and decision.rollback_to is not None:
+            rolled_back = rollback(run, it, decision.rollback_to, next_step + 1)
+            row["policy/next_step"] = next_step = int(rolled_back["new_step"])
+            rollbacks += 1
+            overrides = decision.overrides
+        row.update({"guard/action": decision.action, "guard/signals": decision.signals,
+                    "guard/overrides": overrides, "guard/rollbacks": rollbacks})
+        if pipeline.should_evaluate(config, it) or decision.action == "stop":
+            row.update(pipeline.flatten_eval(evaluate(run, it, next_step)))
         row = record_iteration(run, it, row)
+        rows.append(row)
+        if decision.action != "none":
+            logger.warning(decision.message)
+            create_markdown_artifact(markdown=f"**Echo-Trap guard: {decision.action}**\n\n{decision.message}",
+                                     key=f"{_artifact_key(base.run_id)}-guard", description="Echo-Trap guard")
         _publish_iteration(run, row)
         update_progress_artifact(progress, 100.0 * (it + 1) / config.iterations)
         logger.info("iteration %d: %s", it, json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))
         bar.advance(f"success {row.get('rollout/success') or 0:.2f}  reward {row.get('rollout/reward_mean') or 0:+.2f}")
+        if decision.action == "stop":
+            stopped = {"iteration": it, "reason": decision.message, "last_healthy_step": decision.rollback_to,
+                       "last_healthy_checkpoint": None if decision.rollback_to is None
+                       else str(run.checkpoint_path(decision.rollback_to))}
+            break
     bar.close()
-    summary = finish_run(run, init)
+    summary = finish_run(base, init, stopped)
     create_markdown_artifact(
-        markdown=f"# {run.run_id}\n\nReport: `{summary['report']}`\n\n```json\n{json.dumps(summary, indent=2)}\n```",
-        key=f"{_artifact_key(run.run_id)}-summary", description="run summary and report link")
+        markdown=f"# {base.run_id}\n\nReport: `{summary['report']}`\n\n```json\n{json.dumps(summary, indent=2)}\n```",
+        key=f"{_artifact_key(base.run_id)}-summary", description="run summary and report link")
     return summary
 
 

@@ -159,6 +159,9 @@ class GuardConfig(_Frozen):
     mitigation: Literal["lower_lr", "stronger_filter", "starpo_s"] = Field(
         "lower_lr", description="applied after a rollback: halve the LR, halve filter_keep_ratio, or switch to StarPO-S settings"
     )
+    rules: dict[str, Any] = Field(
+        default_factory=dict, description="detector thresholds overriding EchoTrapRules defaults, e.g. {std_collapse_fraction: 0.3}"
+    )
 
 
 class TrainConfig(_Frozen):

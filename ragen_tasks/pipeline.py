@@ -5,15 +5,17 @@ and returns a small JSON-able summary. Each is idempotent: run again for the sam
 finds its committed output and returns at once, so a retried task or a re-run flow never redoes
 or duplicates work.
 
-Policy versions are checkpoint steps: checkpoint ``step_k`` is policy version ``k``, the version
-that samples iteration ``k``'s rollouts; the update of iteration ``k`` commits ``step_{k+1}``.
+Policy versions are checkpoint steps. Iteration ``k`` samples with ``policy_step(run, k)`` (0 for
+the first iteration, then the ``policy/next_step`` recorded by iteration ``k-1``), and its update
+commits the next step. Usually that is just ``k -> k+1``; after a guard rollback the next step is a
+new checkpoint holding an older, healthy checkpoint's exact weights, and the numbering moves on.
 
 Per iteration ``k``::
 
     generate_tasks(k)      -> iter_k/tasks/tasks.json
-    rollout(k)             -> iter_k/rollouts/   (trajectories sampled by policy version k)
+    rollout(k)             -> iter_k/rollouts/   (trajectories sampled by policy step s = policy_step(k))
     filter_and_validate(k) -> iter_k/batch/      (GX-validated, fresh, uncertainty-filtered)
-    update(k)              -> checkpoints/step_{k+1}
+    update(k)              -> checkpoints/step_{s+1}
     evaluate(k)            -> iter_k/eval/eval.json       (every eval.every iterations and the last)
     record_iteration(k)    -> iter_k/summary/summary.json (the iteration's commit: resume starts after it)
 """
@@ -26,8 +28,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,9 +66,17 @@ class Run:
     """Where a run lives. Checkpoints are written to a local folder (the run folder itself on a
     local store; a scratch cache mirrored to the store on ``s3://``)."""
 
-    config: TrainConfig
+    config: TrainConfig  # the config in force (the run's config + any guard mitigation overrides)
     run_id: str
     store: Store
+    protect_steps: frozenset[int] = frozenset()  # checkpoints never pruned (the guard's last healthy one)
+
+    def with_overrides(self, overrides: Mapping[str, Any], *, protect: Iterable[int] = ()) -> Run:
+        """This run with config ``overrides`` (dotted keys, as ``--set``) in force and ``protect`` kept."""
+        from ragen_tasks.presets import apply_overrides
+
+        data = apply_overrides(self.config.model_dump(mode="json"), overrides)
+        return replace(self, config=TrainConfig.model_validate(data), protect_steps=frozenset(protect))
 
     @property
     def is_local(self) -> bool:
@@ -155,18 +165,24 @@ def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
     info = ckpt.save_checkpoint(
         run.checkpoint_root, step, actor=trainer.actor_module, tokenizer=trainer.tokenizer,
         optimizers=dict(trainer.optimizers), models=trainer.models,
-        extra_state={"generator": trainer.generator.get_state()}, keep_last=run.config.checkpoint.keep_last,
+        extra_state={"generator": trainer.generator.get_state()},
     )
+    ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
     run.publish_checkpoint(info)
     return info
 
 
 def load_trainer(run: Run, step: int) -> Trainer:
+    """Models, optimizer state and shuffling RNG of checkpoint ``step``. The learning rates of the
+    config in force win over the ones saved in the optimizer state (a guard mitigation may lower them)."""
     path = run.checkpoint_path(step)
     trainer = build_trainer(run.config, path)
     info = ckpt.load_checkpoint(path, actor=trainer.actor_module, optimizers=dict(trainer.optimizers),
                                 models=trainer.models)
     trainer.generator.set_state(info.extra_state["generator"])
+    for name, optimizer in trainer.optimizers.items():
+        for group in optimizer.param_groups:
+            group["lr"] = run.config.optim.lr if name == "actor" else run.config.optim.critic_lr
     return trainer
 
 
@@ -234,14 +250,21 @@ def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], wh
                          "use a new run id, or the same settings to resume")
 
 
+def policy_step(run: Run, iteration: int) -> int:
+    """The checkpoint step that samples iteration ``iteration`` (see the module docstring)."""
+    if iteration == 0:
+        return 0
+    previous, _ = run.store.read_json(run.run_id, iteration - 1, "summary", "summary")
+    return int(previous["policy/next_step"])
+
+
 def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
     """Task generation: ``groups`` initial states x ``group_size`` rollouts (task diversity knob)."""
     config = run.config
     if not run.store.has_manifest(run.run_id, iteration, "tasks", "tasks"):
         tasks = make_group_tasks(config.envs, config.rollout.groups, config.rollout.group_size, config.seed,
                                  iteration, seed_space=config.eval.seed_offset)
-        run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER,
-                             policy_version=iteration)
+        run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER)
     tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
     return {"uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"), "tasks": len(tasks_json)}
 
@@ -284,18 +307,20 @@ def evaluate_checkpoint(config: TrainConfig, path: Path, *, seeds: int | None = 
 
 
 def rollout(run: Run, iteration: int) -> dict[str, Any]:
-    """Roll out the iteration's tasks with policy version ``iteration``; commit the trajectories."""
+    """Roll out the iteration's tasks with policy step ``policy_step(run, iteration)``; commit them."""
     t0 = time.perf_counter()
     if not run.store.has_manifest(run.run_id, iteration, "rollouts"):
+        step = policy_step(run, iteration)
         tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
         tasks = [RolloutTask(**t) for t in tasks_json]
-        trajectories = _play(run, iteration, tasks, temperature=run.config.rollout.temperature,
+        trajectories = _play(run, step, tasks, temperature=run.config.rollout.temperature,
                              seed=run.config.seed * 1_000_003 + iteration)
         run.store.write_trajectories(run.run_id, iteration, "rollouts", trajectories, producer=PRODUCER,
-                                     policy_version=iteration, weights_fingerprint=fingerprint(run, iteration))
+                                     policy_version=step, weights_fingerprint=fingerprint(run, step))
     manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
     return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
-            "trajectories": manifest.objects[0].rows, "timing/rollout_s": time.perf_counter() - t0}
+            "trajectories": manifest.objects[0].rows, "policy_step": manifest.policy_version,
+            "timing/rollout_s": time.perf_counter() - t0}
 
 
 def batch_limits(config: TrainConfig) -> BatchLimits:
@@ -308,11 +333,11 @@ def batch_limits(config: TrainConfig) -> BatchLimits:
 def filter_and_validate(run: Run, iteration: int, *, current_version: int | None = None) -> dict[str, Any]:
     """Great Expectations validation, freshness check, uncertainty-based filtering -> training batch.
 
-    ``current_version`` is the trainer's policy version (defaults to ``iteration``: on-policy).
-    Returns health metrics of the whole rollout batch and the filter's metrics.
+    ``current_version`` is the trainer's policy version (default ``policy_step(run, iteration)``:
+    on-policy). Returns health metrics of the whole rollout batch and the filter's metrics.
     """
     config = run.config
-    version = iteration if current_version is None else current_version
+    version = policy_step(run, iteration) if current_version is None else current_version
     if run.store.has_manifest(run.run_id, iteration, "batch"):
         summary, _ = run.store.read_json(run.run_id, iteration, "batch", "summary")
         return dict(summary)
@@ -339,6 +364,19 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
     return metrics
 
 
+def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
+    """Commit checkpoint ``new_step`` holding checkpoint ``to_step``'s exact weights, optimizer and
+    RNG state (the guard's rollback), so the next iteration continues from the healthy policy."""
+    if not run.store.has_manifest(run.run_id, iteration, "update", "rollback"):
+        if _step_missing(run, new_step):
+            save_trainer(run, load_trainer(run, to_step), new_step)
+        run.store.write_json(run.run_id, iteration, "update", "rollback",
+                             {"to_step": to_step, "new_step": new_step,
+                              "fingerprint": fingerprint(run, new_step)}, producer=PRODUCER, policy_version=new_step)
+    result, _ = run.store.read_json(run.run_id, iteration, "update", "rollback")
+    return dict(result)
+
+
 def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     """Metrics as JSON-safe floats: NaN/inf (e.g. a std of an empty set) become null."""
     return {k: (float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None)
@@ -346,13 +384,15 @@ def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 def update(run: Run, iteration: int) -> dict[str, Any]:
-    """One StarPO update on the iteration's batch: policy version ``iteration`` -> ``iteration + 1``."""
+    """One StarPO update on the iteration's batch: policy step ``s = policy_step(run, iteration)`` ->
+    ``s + 1`` (always the newest step: steps only grow)."""
     config = run.config
-    new_step = iteration + 1
+    step = policy_step(run, iteration)
+    new_step = step + 1
     if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
         stored, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
         return dict(stored)
-    trainer = load_trainer(run, iteration) if _step_missing(run, new_step) else None
+    trainer = load_trainer(run, step) if _step_missing(run, new_step) else None
     metrics: dict[str, Any] = {}
     if trainer is not None:  # else: a retry after the checkpoint committed but before the metrics did
         batch, _ = run.store.read_trajectories(run.run_id, iteration, "batch")
@@ -368,8 +408,8 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
         else:
             log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
             metrics = {"batch/trajectories": 0.0}
-        info = save_trainer(run, trainer, new_step)
-        metrics["checkpoint/step"] = float(info.step)
+        save_trainer(run, trainer, new_step)
+    metrics["checkpoint/step"] = float(new_step)
     finite = _json_floats(metrics)
     run.store.write_json(run.run_id, iteration, "update", "metrics", finite, producer=PRODUCER,
                          policy_version=new_step, weights_fingerprint=fingerprint(run, new_step))
@@ -392,21 +432,23 @@ def evaluate_step(run: Run, step: int, *, seeds: int | None = None, seed_offset:
                                env_names=env_names)
 
 
-def evaluate(run: Run, iteration: int) -> dict[str, Any]:
-    """Evaluate the policy the iteration produced (version ``iteration + 1``); commit the result."""
+def evaluate(run: Run, iteration: int, step: int) -> dict[str, Any]:
+    """Evaluate the policy the iteration hands on (checkpoint ``step``); commit the result."""
     if not run.store.has_manifest(run.run_id, iteration, "eval", "eval"):
-        per_env, _ = evaluate_step(run, iteration + 1)
-        run.store.write_json(run.run_id, iteration, "eval", "eval",
-                             {"envs": per_env, "policy_version": iteration + 1}, producer=PRODUCER,
-                             policy_version=iteration + 1)
+        per_env, _ = evaluate_step(run, step)
+        run.store.write_json(run.run_id, iteration, "eval", "eval", {"envs": per_env, "policy_version": step},
+                             producer=PRODUCER, policy_version=step)
     result, _ = run.store.read_json(run.run_id, iteration, "eval", "eval")
     return dict(result)
 
 
 def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    """Commit the iteration's metrics row: from now on a resumed run starts at ``iteration + 1``."""
+    """Commit the iteration's metrics row (it must hold ``policy/next_step``): from now on a resumed
+    run starts at ``iteration + 1`` with that policy."""
+    if "policy/next_step" not in row:
+        raise ValueError(f"iteration {iteration}: the row must hold 'policy/next_step' (the policy the next iteration uses)")
     run.store.write_json(run.run_id, iteration, "summary", "summary", dict(row), producer=PRODUCER,
-                         policy_version=iteration + 1)
+                         policy_version=int(row["policy/next_step"]))
     stored, _ = run.store.read_json(run.run_id, iteration, "summary", "summary")
     return dict(stored)
 

@@ -115,8 +115,8 @@ def write_report(
     if signals:
         parts.append("<h2 class='sig'>Echo-Trap guard signals</h2><ul>")
         for s in signals:
-            parts.append(f"<li class='sig'>iteration {s['iteration']}: {html.escape(str(s.get('rule')))} "
-                         f"{html.escape(json.dumps(s.get('evidence', {}), default=str))}</li>")
+            parts.append(f"<li class='sig'>iteration {s['iteration']}: <b>{html.escape(str(s.get('rule')))}</b> "
+                         f"{html.escape(str(s.get('message', '')))}</li>")
         parts.append("</ul>")
     parts.append("<h2>Learning curves</h2><div>")
     for panel_title, keys in PANELS:

@@ -44,17 +44,16 @@ def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -
 def finish_run(run: pipeline.Run, *, warm_start: dict[str, Any], stopped: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate before/after RL, write ``summary.json`` and ``report.html``; return the summary."""
     rows = pipeline.history(run)
-    final_step = len(rows)
+    final_step = int(rows[-1]["policy/next_step"]) if rows else 0
     before = pipeline.initial_eval(run)["envs"]
-    after_rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
     after: dict[str, dict[str, float]] = {}
-    if rows and rows[-1] in after_rows:
-        after = {env: m for env, m in pipeline.evaluate(run, final_step - 1)["envs"].items()}
+    if rows:  # the final policy's held-out evaluation (a no-op if the last iteration already ran it)
+        after = dict(pipeline.evaluate(run, len(rows) - 1, final_step)["envs"])
     summary: dict[str, Any] = {
         "run_id": run.run_id,
         "preset": run.config.preset,
-        "iterations": final_step,
-        "final_checkpoint": str(run.checkpoint_path(final_step)) if final_step else str(run.checkpoint_path(0)),
+        "iterations": len(rows),
+        "final_checkpoint": str(run.checkpoint_path(final_step)),
         "store": run.store.uri(run.run_id),
         "warm_start": warm_start,
         "eval_before_rl": before,

@@ -28,6 +28,7 @@ import os
 import random
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,11 +200,14 @@ def latest_checkpoint(root: Path) -> CheckpointInfo | None:
     return found[-1] if found else None
 
 
-def prune(root: Path, *, keep_last: int) -> None:
-    """Delete committed checkpoints older than the newest ``keep_last`` (and nothing else)."""
+def prune(root: Path, *, keep_last: int, protect: Collection[int] = ()) -> None:
+    """Delete committed checkpoints older than the newest ``keep_last``, except the steps in
+    ``protect`` (e.g. the Echo-Trap guard's last healthy checkpoint), and nothing else."""
     if keep_last < 1:
         raise ValueError(f"keep_last={keep_last} must be >= 1")
     for info in committed_checkpoints(root)[:-keep_last]:
+        if info.step in protect:
+            continue
         (info.path / MARKER).unlink()  # uncommit first: a half-deleted folder is never "committed"
         shutil.rmtree(info.path)
 

@@ -1,0 +1,96 @@
+"""Echo-Trap guard decisions on synthetic metric histories (the detector itself: tests/algos)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ragen_tasks import guard
+from ragen_tasks.presets import load_config
+
+
+def _rows(stds: list[float]) -> list[dict[str, Any]]:
+    """Healthy rows, then whatever in-group std values are given; policy step = iteration."""
+    return [{"iteration": i, "policy/step": i, "rollout/in_group_std": s, "actor/grad_norm": 1.0,
+             "actor/entropy": 0.5, "rollout/think_length": 30.0, "rollout/format_error_rate": 0.0}
+            for i, s in enumerate(stds)]
+
+
+COLLAPSE = [0.4, 0.42, 0.38, 0.4, 0.41, 0.02, 0.01, 0.01]  # in-group std dies at iteration 5
+
+
+def _config(action: str, **extra: Any):  # type: ignore[no-untyped-def]
+    return load_config("bandit-tiny", {"guard.action": action, **extra})
+
+
+def _replay(config, stds):  # type: ignore[no-untyped-def]
+    """Feed rows one by one as the flow does, recording signals on each row."""
+    rows: list[dict[str, Any]] = []
+    decisions = []
+    for row in _rows(stds):
+        decision = guard.decide(config, [*rows, row], rollbacks_done=0, overrides={})
+        row["guard/signals"] = decision.signals
+        rows.append(row)
+        decisions.append(decision)
+    return decisions
+
+
+def test_noise_never_fires() -> None:
+    import random
+
+    rng = random.Random(0)
+    noisy = [0.4 + rng.uniform(-0.1, 0.1) for _ in range(30)]
+    assert all(d.action == "none" for d in _replay(_config("rollback"), noisy))
+
+
+def test_warn_fires_at_the_collapse_iteration() -> None:
+    decisions = _replay(_config("warn"), COLLAPSE)
+    fired = [i for i, d in enumerate(decisions) if d.action == "warn"]
+    assert fired and fired[0] == 7  # patience 3: iterations 5, 6, 7 below 0.2 x early level
+    assert decisions[7].signals[0]["rule"] == "in_group_std_collapse"
+
+
+def test_rollback_names_the_last_healthy_step_and_mitigates() -> None:
+    config = _config("rollback", **{"guard.mitigation": "lower_lr"})
+    decisions = _replay(config, COLLAPSE)
+    rollback = decisions[7]
+    assert rollback.action == "rollback"
+    # Iterations 5 and 6 already showed the collapse (but had not yet fired): healthy = newest
+    # step whose own iteration raised no signal = 6 (signals start at 7); see guard.healthy_step.
+    assert rollback.rollback_to == 6
+    assert rollback.overrides == {"optim.lr": config.optim.lr / 2}
+
+
+def test_rollback_limit_turns_into_stop() -> None:
+    config = _config("rollback", **{"guard.max_rollbacks": 1})
+    rows = _rows(COLLAPSE)
+    decision = guard.decide(config, rows, rollbacks_done=1, overrides={"optim.lr": 0.1})
+    assert decision.action == "stop"
+    assert "rollback limit 1 reached" in decision.message
+    assert decision.overrides == {"optim.lr": 0.1}
+
+
+def test_stop_names_the_healthy_checkpoint() -> None:
+    # Rows without recorded signals: every earlier iteration counts as healthy, the newest is 6.
+    decision = guard.decide(_config("stop"), _rows(COLLAPSE), rollbacks_done=0, overrides={})
+    assert decision.action == "stop"
+    assert decision.rollback_to == 6
+    assert "last healthy checkpoint: step 6" in decision.message
+
+
+def test_off_ignores_everything() -> None:
+    assert guard.decide(_config("off"), _rows(COLLAPSE), rollbacks_done=0, overrides={}).action == "none"
+
+
+def test_mitigations() -> None:
+    base = _config("rollback")
+    assert guard.mitigation(base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "stronger_filter"})})) == {
+        "algo.filter_keep_ratio": base.algo.filter_keep_ratio / 2}
+    starpo_s = guard.mitigation(base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "starpo_s"})}))
+    assert starpo_s["algo.clip_high"] == 0.28 and starpo_s["algo.kl_mode"] == "none"
+
+
+def test_bad_rule_name_is_clear() -> None:
+    with pytest.raises(ValueError, match=r"guard.rules: .*valid rule settings: .*std_collapse_fraction"):
+        guard.rules(_config("warn", **{"guard.rules": {"nope": 1}}).guard)
