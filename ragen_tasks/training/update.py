@@ -47,7 +47,7 @@ class NonFiniteUpdateError(RuntimeError):
 @torch.no_grad()
 def _forward_logprobs(model: nn.Module, batch: TokenBatch, micro: int, ctx: TrainModel | None = None) -> torch.Tensor:
     """(B, T) log p(token) under ``model`` (no grad), computed micro-batch by micro-batch."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for start in range(0, batch.batch_size, micro):
         rows = torch.arange(start, min(start + micro, batch.batch_size))
         mb = batch.select(rows)
@@ -60,7 +60,7 @@ def _forward_logprobs(model: nn.Module, batch: TokenBatch, micro: int, ctx: Trai
 @torch.no_grad()
 def _forward_values(critic: TrainModel, batch: TokenBatch, micro: int) -> torch.Tensor:
     """(B, T) critic values V(state before token t) (no grad)."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for start in range(0, batch.batch_size, micro):
         rows = torch.arange(start, min(start + micro, batch.batch_size))
         mb = batch.select(rows)
@@ -103,6 +103,7 @@ def ppo_update(
                          f"algo.advantage={algo.advantage!r} use kl_mode='in_loss'")
     metrics: dict[str, float] = {"batch/trajectories": float(batch.batch_size)}
     micro = optim.micro_batch_size
+    device = batch.input_ids.device
 
     # 1. model-free advantages first, so rows without signal never reach a forward pass
     advantages: torch.Tensor | None = None  # (B, T), 0 where response_mask = 0
@@ -159,7 +160,7 @@ def ppo_update(
         for mb_start in range(0, batch.batch_size, optim.minibatch_size):
             mb_rows = order[mb_start : mb_start + optim.minibatch_size]
             denom = _denominator(lmask[mb_rows], algo.loss_agg)
-            mb_metrics: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(()))
+            mb_metrics: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=device))
             n_micro = (mb_rows.numel() + micro - 1) // micro
             for i in range(n_micro):
                 rows = mb_rows[i * micro : (i + 1) * micro]
