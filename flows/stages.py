@@ -21,6 +21,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
 from ragen_tasks import async_rollout, pipeline
@@ -49,7 +50,8 @@ def _run_stage(run: pipeline.Run, iteration: int, deployment: str, stage: str, n
     if run.store.has_manifest(run.run_id, iteration, stage, name):
         return  # idempotent: committed by an earlier attempt
     timeout = run.config.rollout.stage_timeout_s
-    flow_run = run_deployment(name=deployment, parameters={"run": run_uri(run), "iteration": iteration},
+    flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call: async_dispatch returns the FlowRun
+        name=deployment, parameters={"run": run_uri(run), "iteration": iteration},
                               timeout=timeout, poll_interval=min(5.0, timeout / 10), as_subflow=True)
     state = flow_run.state
     logger.info("iteration %d: %s run %s ended %s", iteration, deployment, flow_run.id, state.name if state else None)
