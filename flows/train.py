@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -140,6 +141,24 @@ def rollback(run: pipeline.Run, iteration: int, to_step: int, new_step: int) -> 
     return pipeline.rollback(run, iteration, to_step=to_step, new_step=new_step)
 
 
+class _Clock:
+    """Times task calls (``timing/<name>_task_s``) and the iteration so far (``timing/iteration_s``)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.tasks: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Any, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        result = fn(*args)
+        self.tasks[name] = time.perf_counter() - t0
+        return result
+
+    def metrics(self) -> dict[str, float]:
+        return {**{f"timing/{k}_task_s": v for k, v in self.tasks.items()},
+                "timing/iteration_s": time.perf_counter() - self.start}
+
+
 def _since_last_rollback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The detector judges the history since the last rollback (the collapsed stretch is history)."""
     starts = [i for i, row in enumerate(rows) if row.get("guard/action") == "rollback"]
@@ -165,12 +184,13 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
         healthy = guard.healthy_step(_since_last_rollback(rows))
         run = base.with_overrides(overrides, protect=[] if healthy is None else [healthy])
         mode = run.config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
+        clock = _Clock()  # wall time of each task call, Prefect's own overhead included
         if mode != "async":
-            generate_tasks(run, it)
-        rolled = {"inprocess": rollout, "deployment": stages.rollout_via_deployment,
-                  "async": stages.consume_async_batch}[mode](run, it)
-        batch = filter_and_validate(run, it)
-        updated = stages.update_via_deployment(run, it) if mode == "deployment" else update(run, it)
+            clock("generate_tasks", generate_tasks, run, it)
+        rolled = clock("rollout", {"inprocess": rollout, "deployment": stages.rollout_via_deployment,
+                                   "async": stages.consume_async_batch}[mode], run, it)
+        batch = clock("filter_and_validate", filter_and_validate, run, it)
+        updated = clock("update", stages.update_via_deployment if mode == "deployment" else update, run, it)
         next_step = int(updated["checkpoint/step"])  # the policy the next iteration samples with
         row: dict[str, Any] = {"iteration": it, **batch, **updated,
                                **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))},
@@ -185,6 +205,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                     "guard/overrides": overrides, "guard/rollbacks": rollbacks})
         if pipeline.should_evaluate(config, it) or decision.action == "stop":
             row.update(pipeline.flatten_eval(evaluate(run, it, next_step)))
+        row.update(clock.metrics())
         row = record_iteration(run, it, row)
         rows.append(row)
         if decision.action != "none":

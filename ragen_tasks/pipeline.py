@@ -309,18 +309,22 @@ def evaluate_checkpoint(config: TrainConfig, path: Path, *, seeds: int | None = 
 def rollout(run: Run, iteration: int) -> dict[str, Any]:
     """Roll out the iteration's tasks with policy step ``policy_step(run, iteration)``; commit them."""
     t0 = time.perf_counter()
+    compute_s = 0.0
     if not run.store.has_manifest(run.run_id, iteration, "rollouts"):
         step = policy_step(run, iteration)
         tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
         tasks = [RolloutTask(**t) for t in tasks_json]
+        t_play = time.perf_counter()
         trajectories = _play(run, step, tasks, temperature=run.config.rollout.temperature,
                              seed=run.config.seed * 1_000_003 + iteration)
+        compute_s = time.perf_counter() - t_play
         run.store.write_trajectories(run.run_id, iteration, "rollouts", trajectories, producer=PRODUCER,
                                      policy_version=step, weights_fingerprint=fingerprint(run, step))
     manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
     return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
             "trajectories": manifest.objects[0].rows, "policy_step": manifest.policy_version,
-            "timing/rollout_s": time.perf_counter() - t0}
+            "timing/rollout_s": time.perf_counter() - t0,  # the whole stage (store I/O included)
+            "timing/rollout_compute_s": compute_s}  # model load + the multi-turn rollout
 
 
 def batch_limits(config: TrainConfig) -> BatchLimits:
@@ -338,7 +342,8 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
     """
     config = run.config
     version = policy_step(run, iteration) if current_version is None else current_version
-    if run.store.has_manifest(run.run_id, iteration, "batch"):
+    t0 = time.perf_counter()
+    if run.store.has_manifest(run.run_id, iteration, "batch", "summary"):  # written last: the stage is done
         summary, _ = run.store.read_json(run.run_id, iteration, "batch", "summary")
         return dict(summary)
     trajectories, manifest = validate_stored_batch(run.store, run.run_id, iteration, "rollouts",
@@ -355,13 +360,14 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
         kept = [fresh.accepted[i] for i in keep.tolist()]
         metrics.update({k: float(v) for k, v in filter_metrics.items()})
     metrics["batch/kept_trajectories"] = float(len(kept))
-    metrics = _json_floats(metrics)
-    # The summary goes first: the batch manifest (written last) is what marks this stage as done.
-    run.store.write_json(run.run_id, iteration, "batch", "summary", metrics, producer=PRODUCER, policy_version=version)
+    # The batch first (idempotent on retry), the summary last: its manifest marks the stage as done.
     run.store.write_trajectories(run.run_id, iteration, "batch", kept, producer=PRODUCER,
                                  policy_version=manifest.policy_version,
                                  weights_fingerprint=manifest.weights_fingerprint)
-    return metrics
+    metrics["timing/filter_s"] = time.perf_counter() - t0  # read + GX + freshness + filter + batch write
+    summary = _json_floats(metrics)
+    run.store.write_json(run.run_id, iteration, "batch", "summary", summary, producer=PRODUCER, policy_version=version)
+    return summary
 
 
 def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
@@ -387,6 +393,7 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
     """One StarPO update on the iteration's batch: policy step ``s = policy_step(run, iteration)`` ->
     ``s + 1`` (always the newest step: steps only grow)."""
     config = run.config
+    t0 = time.perf_counter()
     step = policy_step(run, iteration)
     new_step = step + 1
     if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
@@ -410,6 +417,7 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
             metrics = {"batch/trajectories": 0.0}
         save_trainer(run, trainer, new_step)
     metrics["checkpoint/step"] = float(new_step)
+    metrics["timing/update_stage_s"] = time.perf_counter() - t0  # checkpoint load/save + ppo_update (timing/update_s)
     finite = _json_floats(metrics)
     run.store.write_json(run.run_id, iteration, "update", "metrics", finite, producer=PRODUCER,
                          policy_version=new_step, weights_fingerprint=fingerprint(run, new_step))

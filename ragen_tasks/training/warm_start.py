@@ -119,9 +119,10 @@ def supervised_steps(model: torch.nn.Module, trajectories: Sequence[Trajectory],
     losses = []
     for step in range(steps):
         rows = torch.randperm(batch.batch_size, generator=generator)[:batch_size]  # (b,)
-        ids = batch.input_ids[rows]  # (b, T)
-        attention = batch.attention_mask[rows]  # (b, T) 1 = real token
-        target_mask = batch.loss_mask[rows][:, 1:].float()  # (b, T-1) 1 = a demonstrated response token
+        mb = batch.select(rows)  # trimmed to the minibatch's longest row
+        ids = mb.input_ids  # (b, T)
+        attention = mb.attention_mask  # (b, T) 1 = real token
+        target_mask = mb.loss_mask[:, 1:].float()  # (b, T-1) 1 = a demonstrated response token
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (b, T-1, V) predicts ids[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (b, T-1)
         loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1.0)

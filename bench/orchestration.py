@@ -1,0 +1,84 @@
+"""Where an iteration's wall time goes: Prefect, the data plane, or compute (issue 7's benchmark).
+
+Runs the training flow (real Prefect temporary API, real store, real GX) for a few iterations of a
+preset and splits each iteration's wall time, from the timings the flow and the stages record:
+
+* compute     = rollout (model load + multi-turn rollout) + the PPO update itself
+* data plane  = everything else inside the stage functions: store reads/writes and manifests,
+                Great Expectations validation, freshness, filtering, checkpoint save/load
+* Prefect     = task-call wall time minus the stage functions' own wall time (task submission,
+                state tracking) + the flow's per-iteration bookkeeping (guard, artifacts, logging)
+
+Usage::
+
+    python bench/orchestration.py [--preset default] [--iterations 4] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="default")
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+
+    from flows.train import train
+    from ragen_tasks import pipeline
+    from ragen_tasks.presets import parse_override
+
+    overrides = {".".join(k): v for k, v in map(parse_override, args.overrides)}
+    overrides.update({"iterations": args.iterations, "eval.every": 10_000})  # no mid-run eval: iterations only
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        summary = train(preset=args.preset, overrides=overrides, run_id="bench-orchestration", store_root=tmp)
+        total = time.perf_counter() - t0
+        rows = pipeline.history(pipeline.open_existing_run(str(Path(tmp) / "bench-orchestration")))
+
+    shares = []
+    for row in rows:
+        stage_walls = {  # the stage functions' own wall times
+            "generate_tasks": None,
+            "rollout": row["timing/rollout_s"],
+            "filter_and_validate": row["timing/filter_s"],
+            "update": row["timing/update_stage_s"],
+        }
+        task_walls = {k: row.get(f"timing/{k}_task_s", 0.0) for k in stage_walls}
+        iteration = row["timing/iteration_s"]
+        compute = row["timing/rollout_compute_s"] + row["timing/update_s"]
+        inside = sum(v for v in stage_walls.values() if v is not None)
+        # generate_tasks and the batch write after filter are data plane with no inner timer:
+        # they count as data plane through their task wall minus nothing (conservative for Prefect).
+        prefect = sum(task_walls[k] - v for k, v in stage_walls.items() if v is not None) + (iteration - sum(task_walls.values()))
+        data = iteration - compute - prefect
+        shares.append({"iteration_s": iteration, "compute_s": compute, "data_s": data, "prefect_s": prefect,
+                       "inside_stages_s": inside})
+
+    def mean(key: str) -> float:
+        return statistics.fmean(s[key] for s in shares)
+
+    it_s = mean("iteration_s")
+    result = {
+        "preset": args.preset,
+        "iterations": len(rows),
+        "iteration_s": round(it_s, 3),
+        "compute_share": round(mean("compute_s") / it_s, 4),
+        "data_plane_share": round(mean("data_s") / it_s, 4),
+        "prefect_share": round(mean("prefect_s") / it_s, 4),
+        "orchestration_plus_data_share": round((mean("data_s") + mean("prefect_s")) / it_s, 4),
+        "whole_run_s": round(total, 1),
+        "summary_eval_after_rl": summary.get("eval_after_rl"),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
