@@ -30,13 +30,14 @@ from ragen_tasks import async_rollout, pipeline
 @flow(name="ragen-rollout-stage")
 def rollout_stage(run: str, iteration: int) -> dict[str, Any]:
     """Roll out iteration ``iteration`` of the run at ``run`` (its folder or ``s3://bucket/prefix/<run_id>``)."""
-    return pipeline.rollout(pipeline.open_existing_run(run), iteration)
+    return pipeline.rollout(pipeline.run_in_force(pipeline.open_existing_run(run), iteration), iteration)
 
 
 @flow(name="ragen-update-stage")
 def update_stage(run: str, iteration: int) -> dict[str, Any]:
-    """Update of iteration ``iteration`` of the run at ``run``: commits checkpoint ``iteration + 1``."""
-    return pipeline.update(pipeline.open_existing_run(run), iteration)
+    """Update of iteration ``iteration`` of the run at ``run``: commits the next policy step (see
+    ``pipeline.update``), with the guard's mitigations in force and its healthy checkpoint protected."""
+    return pipeline.update(pipeline.run_in_force(pipeline.open_existing_run(run), iteration), iteration)
 
 
 def run_uri(run: pipeline.Run) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -79,7 +81,9 @@ SUMMARY_KEYS = ("rollout/success", "rollout/reward_mean", "rollout/in_group_std"
 
 
 def _publish_iteration(run: pipeline.Run, row: dict[str, Any]) -> None:
-    table = [{"metric": k, "value": row[k]} for k in sorted(row) if k in SUMMARY_KEYS or k.startswith("eval/")]
+    # Non-finite values stay in the store (the guard reads them) but JSON APIs refuse NaN: show them as text.
+    table = [{"metric": k, "value": row[k] if not isinstance(row[k], float) or math.isfinite(row[k]) else str(row[k])}
+             for k in sorted(row) if k in SUMMARY_KEYS or k.startswith("eval/")]
     create_table_artifact(table=table, key=f"{_artifact_key(run.run_id)}-metrics",
                           description=f"iteration {row['iteration']} of {run.run_id}")
 
@@ -131,7 +135,7 @@ def train(
 
 
 @task(name="echo-trap-guard", cache_policy=NO_CACHE)
-def guard_check(run: pipeline.Run, rows: list[dict[str, Any]], rollbacks_done: int,
+def guard_check(run: pipeline.Run, rows: list[Mapping[str, Any]], rollbacks_done: int,
                 overrides: dict[str, Any]) -> GuardDecision:
     return guard.decide(run.config, rows, rollbacks_done=rollbacks_done, overrides=overrides)
 
@@ -159,12 +163,6 @@ class _Clock:
                 "timing/iteration_s": time.perf_counter() - self.start}
 
 
-def _since_last_rollback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The detector judges the history since the last rollback (the collapsed stretch is history)."""
-    starts = [i for i, row in enumerate(rows) if row.get("guard/action") == "rollback"]
-    return rows[starts[-1] + 1:] if starts else rows
-
-
 def run_training(config: TrainConfig, *, run_id: str | None = None, show_progress: bool = False) -> dict[str, Any]:
     """The iteration loop (inside a flow run): reads like the paper's algorithm box."""
     logger = get_run_logger()
@@ -177,12 +175,11 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                                              description=f"StarPO iterations of {base.run_id}")
     bar = _Bar(show_progress, config.iterations, start)
     rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
-    overrides: dict[str, Any] = dict(rows[-1].get("guard/overrides", {})) if rows else {}
     rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
     stopped: dict[str, Any] | None = None
     for it in range(start, config.iterations):
-        healthy = guard.healthy_step(_since_last_rollback(rows))
-        run = base.with_overrides(overrides, protect=[] if healthy is None else [healthy])
+        run = pipeline.run_in_force(base, it)  # the guard's mitigations in force, its healthy checkpoint kept
+        overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
         mode = run.config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
         clock = _Clock()  # wall time of each task call, Prefect's own overhead included
         if mode != "async":
@@ -195,7 +192,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
         row: dict[str, Any] = {"iteration": it, **batch, **updated,
                                **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))},
                                "policy/step": pipeline.policy_step(run, it), "policy/next_step": next_step}
-        decision = guard_check(run, [*_since_last_rollback(rows), row], rollbacks, overrides)
+        decision = guard_check(run, [*guard.since_last_rollback(rows), row], rollbacks, overrides)
         if decision.action == "rollback" and decision.rollback_to is not None:
             rolled_back = rollback(run, it, decision.rollback_to, next_step + 1)
             row["policy/next_step"] = next_step = int(rolled_back["new_step"])
@@ -203,7 +200,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
             overrides = decision.overrides
         row.update({"guard/action": decision.action, "guard/signals": decision.signals,
                     "guard/overrides": overrides, "guard/rollbacks": rollbacks})
-        if pipeline.should_evaluate(config, it) or decision.action == "stop":
+        if pipeline.should_evaluate(config, it) and decision.action != "stop":  # a stop evaluates the healthy one
             row.update(pipeline.flatten_eval(evaluate(run, it, next_step)))
         row.update(clock.metrics())
         row = record_iteration(run, it, row)

@@ -183,19 +183,6 @@ def _roll_one(run: pipeline.Run, worker: str, seq: int, version: int) -> str:
 
 
 # ----------------------------------------------------------------------------------- trainer
-def known_fingerprints(run: pipeline.Run, current: int, max_staleness: int) -> dict[int, str]:
-    """Fingerprints of the committed checkpoints a batch may come from (steps ``current - max_staleness
-    .. current``). A step whose checkpoint is gone (pruned: keep checkpoint.keep_last > max_staleness)
-    or never existed is unknown, and its batches are rejected."""
-    known: dict[int, str] = {}
-    for v in range(max(0, current - max_staleness), current + 1):
-        try:
-            known[v] = pipeline.fingerprint(run, v)
-        except (ManifestError, ckpt.CheckpointError, FileNotFoundError):
-            log.warning("policy version %d: fingerprint unknown (checkpoint pruned?); its batches will be rejected", v)
-    return known
-
-
 def decided_items(run: pipeline.Run, before: int) -> set[str]:
     """Worker items consumed or rejected by the ledgers of iterations ``< before``."""
     out: set[str] = set()
@@ -218,7 +205,7 @@ def consume_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
     if not store.has_manifest(run.run_id, iteration, LEDGER_STAGE, LEDGER_NAME):
         ledger = _choose_batch(run, iteration, sleep=sleep, clock=clock)
         store.write_json(rid, iteration, LEDGER_STAGE, LEDGER_NAME, ledger, producer=pipeline.PRODUCER,
-                         policy_version=iteration)
+                         policy_version=pipeline.policy_step(run, iteration))
     ledger, _ = store.read_json(rid, iteration, LEDGER_STAGE, LEDGER_NAME)  # the first committed one wins
     if not store.has_manifest(rid, iteration, "rollouts", CONSUMED_NAME):
         chosen = ledger["consumed"]
@@ -236,7 +223,7 @@ def _choose_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
                   clock: Callable[[], float]) -> dict[str, Any]:
     cfg, staleness = run.config.rollout, run.config.freshness.max_staleness
     current = pipeline.policy_step(run, iteration)  # the trainer's policy version (checkpoint step)
-    known = known_fingerprints(run, current, staleness)
+    known = pipeline.trusted_fingerprints(run, iteration, staleness)  # lineage only: never a rolled-back step
     decided = decided_items(run, iteration)
     decisions: list[dict[str, Any]] = []
     rejected: list[Trajectory] = []

@@ -88,7 +88,8 @@ def evaluate(
     preset: Annotated[str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print per-env metrics as one JSON object on stdout")] = False,
 ) -> None:
-    """Evaluate a checkpoint on fixed held-out seeds (deterministic: greedy decoding)."""
+    """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
+    sampling, per the config's eval.temperature)."""
     from ragen_tasks import pipeline
     from ragen_tasks.envs import ENV_NAMES
     from ragen_tasks.evaluation import eval_record

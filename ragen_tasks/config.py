@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -42,7 +42,10 @@ class AgentConfig(_Frozen):
     format_penalty: float = Field(-0.1, le=0, description="reward of a turn whose answer can't be parsed or holds an invalid action")
     max_tokens_per_turn: int = Field(64, ge=1, description="generation cap of one response")
     max_context_tokens: int = Field(2048, ge=16, description="episode stops cleanly (status 'context') before exceeding this")
-    loss_on_observations: bool = Field(False, description="also train on observation tokens (the paper's original runs)")
+    loss_on_observations: bool = Field(
+        False, description="also train on observation tokens with the trajectory's advantage (the paper's original "
+        "runs); needs algo.advantage grpo or batch_norm (GAE's critic only values policy tokens)"
+    )
 
 
 class RolloutConfig(_Frozen):
@@ -183,3 +186,13 @@ class TrainConfig(_Frozen):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig, description="supervised format warm start")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="Echo-Trap guard")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.agent.loss_on_observations and self.algo.advantage == "gae":
+            raise ValueError("agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
+                             "(GAE gives observation tokens no advantage); set one of them differently")
+        if self.guard.action in ("stop", "rollback") and self.checkpoint.keep_last < 2:
+            raise ValueError(f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "
+                             f"checkpoint must survive pruning); got {self.checkpoint.keep_last}")
+        return self

@@ -12,8 +12,10 @@ guard config:
   higher-variance groups), ``starpo_s`` switches to the StarPO-S stabilisers (no KL,
   clip-higher 0.28, filter 0.25). After ``max_rollbacks`` rollbacks a further firing stops the run.
 
-"Healthy" is judged by rollouts: the last healthy checkpoint is the newest policy step whose own
-iteration raised no signal (its rollouts and the update that consumed them looked normal).
+"Healthy" is judged by rollouts, before the collapse began: a rule with patience k fires only
+after k bad iterations, so the rollback target is the newest policy step whose iteration raised no
+signal AND came before the onset of the firing (the first iteration of the rule's window). The
+flow keeps every checkpoint that could become that target (``rollback_candidates``) from pruning.
 """
 
 from __future__ import annotations
@@ -60,6 +62,40 @@ def mitigation(config: TrainConfig) -> dict[str, Any]:
     return dict(STARPO_S_OVERRIDES)
 
 
+def since_last_rollback(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows after the last rollback: the detector and the healthy step judge only those (the
+    collapsed stretch before a rollback is history, not the current policy's)."""
+    starts = [i for i, row in enumerate(rows) if row.get("guard/action") == "rollback"]
+    return list(rows[starts[-1] + 1:] if starts else rows)
+
+
+def _iteration(row: Mapping[str, Any], index: int) -> int:
+    return int(row.get("iteration", index))
+
+
+def onset(rows: Sequence[Mapping[str, Any]], signal: Mapping[str, Any]) -> int:
+    """First iteration of the stretch that made ``signal`` fire: ``len(window)`` rows holding the
+    signal's metric, counted back from the firing iteration."""
+    seen = [_iteration(row, i) for i, row in enumerate(rows)
+            if signal["metric"] in row and _iteration(row, i) <= int(signal["iteration"])]
+    if not seen:
+        return int(signal["iteration"])
+    return seen[-min(len(signal.get("window") or [0]), len(seen))]
+
+
+def max_patience(rules: EchoTrapRules) -> int:
+    """The longest window a rule needs before it fires."""
+    return max(rules.std_collapse_patience, rules.entropy_patience, rules.think_patience,
+               rules.format_error_patience, 1)
+
+
+def rollback_candidates(rows: Sequence[Mapping[str, Any]], rules: EchoTrapRules) -> set[int]:
+    """Policy steps a rollback decided after ``rows`` could target: the newest signal-free steps far
+    enough back to precede any firing window. The flow protects them from pruning."""
+    free = [int(row["policy/step"]) for row in rows if not row.get("guard/signals") and "policy/step" in row]
+    return set(free[-(max_patience(rules) + 1):])
+
+
 def healthy_step(rows: Sequence[Mapping[str, Any]]) -> int | None:
     """Newest ``policy/step`` whose iteration raised no guard signal (rows in order)."""
     for row in reversed(rows):
@@ -83,7 +119,8 @@ def decide(config: TrainConfig, rows: Sequence[Mapping[str, Any]], *, rollbacks_
         return GuardDecision("none", overrides=dict(overrides))
     fired = ", ".join(f"{s['rule']} ({s['message']})" for s in signals)
     iteration = rows[-1].get("iteration", len(rows) - 1)
-    healthy = healthy_step(rows[:-1])
+    start = min(onset(rows, s) for s in signals)  # the collapse began here: roll back to before it
+    healthy = healthy_step([row for i, row in enumerate(rows[:-1]) if _iteration(row, i) < start])
     if guard.action == "warn":
         return GuardDecision("warn", signals, overrides=dict(overrides), message=f"Echo-Trap signals at iteration {iteration}: {fired}")
     if guard.action == "rollback" and healthy is not None and rollbacks_done < guard.max_rollbacks:

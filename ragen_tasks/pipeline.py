@@ -23,7 +23,6 @@ Per iteration ``k``::
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -50,7 +49,7 @@ from ragen_tasks.rollout.engine import SamplingParams
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
 from ragen_tasks.rollout.registry import make_engine
 from ragen_tasks.training import checkpoint as ckpt
-from ragen_tasks.training.backend import make_optimizer, make_train_model
+from ragen_tasks.training.backend import TrainModel, make_optimizer, make_train_model
 from ragen_tasks.training.critic import make_critic, make_reference
 from ragen_tasks.training.update import ppo_update
 from ragen_tasks.validation.batch import BatchLimits, validate_stored_batch
@@ -93,17 +92,24 @@ class Run:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def checkpoint_path(self, step: int) -> Path:
-        """Local path of committed checkpoint ``step``, fetched from the store if only there."""
+    def checkpoint_path(self, step: int, *, verify: bool = True) -> Path:
+        """Local path of committed checkpoint ``step``, fetched from the store if only there.
+        ``verify`` re-hashes every file against the marker (do it once per stage, before loading)."""
         path = ckpt.step_dir(self.checkpoint_root, step)
         if not (path / ckpt.MARKER).exists() and not self.is_local:
             self.store.download_checkpoint(self.run_id, step, path)
-        ckpt.verify_checkpoint(path)
+        if verify:
+            ckpt.verify_checkpoint(path)
+        elif not (path / ckpt.MARKER).exists():
+            raise ckpt.CheckpointError(f"checkpoint {path} is not committed (no {ckpt.MARKER})")
         return path
 
-    def publish_checkpoint(self, info: ckpt.CheckpointInfo) -> None:
+    def publish_checkpoint(self, step: int) -> None:
+        """Mirror committed checkpoint ``step`` to an s3:// store (idempotent; the marker goes last).
+        Called on every save AND on retries that find the step already committed locally, so a failed
+        upload is completed by the retry."""
         if not self.is_local:
-            self.store.upload_checkpoint(info.path, self.run_id, info.step)
+            self.store.upload_checkpoint(ckpt.step_dir(self.checkpoint_root, step), self.run_id, step)
 
 
 def open_run(config: TrainConfig, run_id: str | None = None) -> Run:
@@ -136,58 +142,112 @@ def run_of_checkpoint(path: Path) -> Run | None:
 # ----------------------------------------------------------------------------------- policy state
 @dataclass
 class Trainer:
-    """Models and optimizers of one update (rebuilt from a checkpoint each time: stages are separable)."""
+    """Models of one update, each wrapped with its optimizer in the configured backend (torch or
+    DeepSpeed). Rebuilt from a checkpoint for every update: the stages stay separable."""
 
     actor_module: torch.nn.Module
     tokenizer: Any
-    optimizers: dict[str, torch.optim.Optimizer]
     models: dict[str, torch.nn.Module]  # extra checkpointed modules: {"critic": ...} when GAE
+    train_models: dict[str, TrainModel]  # "actor" (+ "critic"): module + optimizer, checkpointed by name
     generator: torch.Generator  # minibatch shuffling, saved in checkpoints for exact resume
 
 
+def _modules(config: TrainConfig, source: str | Path) -> tuple[torch.nn.Module, Any, dict[str, torch.nn.Module]]:
+    """Actor (+ a critic when GAE) from a model folder or preset name, in train mode."""
+    actor, tokenizer = load_policy(str(source), dtype=config.model.dtype, device=config.model.device)
+    actor.train()
+    models: dict[str, torch.nn.Module] = {"critic": make_critic(actor)} if config.algo.advantage == "gae" else {}
+    return actor, tokenizer, models
+
+
+def _wrap(config: TrainConfig, actor: torch.nn.Module, models: Mapping[str, torch.nn.Module]) -> dict[str, TrainModel]:
+    """Each trained module with a fresh AdamW in the configured backend. Wrap only after every weight
+    is loaded: ZeRO copies the weights into its fp32 partitions when it wraps."""
+    return {name: make_train_model(module, make_optimizer(module, lr=_lr(config, name),
+                                                          weight_decay=config.optim.weight_decay), config.optim)
+            for name, module in {"actor": actor, **models}.items()}
+
+
+def _lr(config: TrainConfig, name: str) -> float:
+    """Learning rate of the optimizer called ``name`` ("actor" or "critic")."""
+    return config.optim.lr if name == "actor" else config.optim.critic_lr
+
+
 def build_trainer(config: TrainConfig, source: str | Path) -> Trainer:
-    """Actor (+ critic when GAE) and fresh optimizers from a model folder or preset name."""
-    actor_module, tokenizer = load_policy(str(source), dtype=config.model.dtype, device=config.model.device)
-    actor_module.train()
-    optim = config.optim
-    optimizers: dict[str, torch.optim.Optimizer] = {
-        "actor": make_optimizer(actor_module, lr=optim.lr, weight_decay=optim.weight_decay)
-    }
-    models: dict[str, torch.nn.Module] = {}
-    if config.algo.advantage == "gae":
-        critic = make_critic(actor_module)
-        models["critic"] = critic
-        optimizers["critic"] = make_optimizer(critic, lr=optim.critic_lr, weight_decay=optim.weight_decay)
-    return Trainer(actor_module, tokenizer, optimizers, models, torch.Generator().manual_seed(optim.seed))
+    """A trainer with fresh optimizers for the model at ``source`` (a folder or a preset name)."""
+    actor, tokenizer, models = _modules(config, source)
+    return Trainer(actor, tokenizer, models, _wrap(config, actor, models), torch.Generator().manual_seed(config.optim.seed))
 
 
 def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
     info = ckpt.save_checkpoint(
         run.checkpoint_root, step, actor=trainer.actor_module, tokenizer=trainer.tokenizer,
-        optimizers=dict(trainer.optimizers), models=trainer.models,
+        optimizers=dict(trainer.train_models), models=trainer.models,
         extra_state={"generator": trainer.generator.get_state()},
     )
     ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
-    run.publish_checkpoint(info)
+    run.publish_checkpoint(step)
     return info
 
 
 def load_trainer(run: Run, step: int) -> Trainer:
-    """Models, optimizer state and shuffling RNG of checkpoint ``step``. The learning rates of the
-    config in force win over the ones saved in the optimizer state (a guard mitigation may lower them)."""
+    """Weights, optimizer state and shuffling RNG of checkpoint ``step`` (weights first, then the
+    backend wraps, then the optimizer state goes in through the wrapper). The learning rates of the
+    config in force win over the saved ones (a guard mitigation may have lowered them)."""
     path = run.checkpoint_path(step)
-    trainer = build_trainer(run.config, path)
-    info = ckpt.load_checkpoint(path, actor=trainer.actor_module, optimizers=dict(trainer.optimizers),
-                                models=trainer.models)
-    trainer.generator.set_state(info.extra_state["generator"])
-    for name, optimizer in trainer.optimizers.items():
-        for group in optimizer.param_groups:
-            group["lr"] = run.config.optim.lr if name == "actor" else run.config.optim.critic_lr
-    return trainer
+    actor, tokenizer, models = _modules(run.config, path)
+    info = ckpt.load_checkpoint(path, actor=actor, models=models)
+    train_models = _wrap(run.config, actor, models)
+    ckpt.load_optimizers(path, dict(train_models))
+    for name, train_model in train_models.items():
+        for group in train_model.optimizer.param_groups:
+            group["lr"] = _lr(run.config, name)
+    generator = torch.Generator().manual_seed(run.config.optim.seed)
+    generator.set_state(info.extra_state["generator"])
+    return Trainer(actor, tokenizer, models, train_models, generator)
 
 
 def fingerprint(run: Run, step: int) -> str:
-    return str(ckpt.verify_checkpoint(run.checkpoint_path(step))["fingerprint"])
+    """sha256 of checkpoint ``step``'s weight file, as recorded in its commit marker."""
+    import json
+
+    marker = run.checkpoint_path(step, verify=False) / ckpt.MARKER
+    return str(json.loads(marker.read_text())["fingerprint"])
+
+
+def lineage(run: Run, iteration: int) -> list[int]:
+    """Policy steps the run has actually trained with up to ``iteration`` (0, then each iteration's
+    ``policy/step``, then the step iteration ``iteration`` samples with). A checkpoint replaced by a
+    guard rollback is never part of it."""
+    steps = [0] + [int(row["policy/step"]) for row in history(run)[:iteration] if "policy/step" in row]
+    return sorted({*steps, policy_step(run, iteration)})
+
+
+def trusted_fingerprints(run: Run, iteration: int, max_staleness: int) -> dict[int, str]:
+    """{step: fingerprint} of the lineage steps a batch for ``iteration`` may come from: the current
+    step and up to ``max_staleness`` steps before it. Pruned or replaced checkpoints are not trusted,
+    so their batches are rejected as unknown_fingerprint (keep checkpoint.keep_last > max_staleness)."""
+    current = policy_step(run, iteration)
+    trusted: dict[int, str] = {}
+    for step in lineage(run, iteration):
+        if current - max_staleness <= step <= current:
+            try:
+                trusted[step] = fingerprint(run, step)
+            except (ckpt.CheckpointError, FileNotFoundError, OSError) as exc:
+                log.warning("policy step %d: fingerprint unknown (%s); its batches will be rejected", step, exc)
+    return trusted
+
+
+def run_in_force(base: Run, iteration: int) -> Run:
+    """``base`` as iteration ``iteration`` must see it: the guard's mitigation overrides recorded by
+    the previous iteration, and protection from pruning for the guard's last healthy checkpoint and
+    the step this iteration samples with."""
+    from ragen_tasks.guard import rollback_candidates, rules, since_last_rollback
+
+    rows = history(base)[:iteration]
+    overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
+    protect = {policy_step(base, iteration)} | rollback_candidates(since_last_rollback(rows), rules(base.config.guard))
+    return base.with_overrides(overrides, protect=protect)
 
 
 # ----------------------------------------------------------------------------------- stages
@@ -201,18 +261,20 @@ def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
     run.store.write_json(run.run_id, 0, "summary", "config", config.model_dump(mode="json"), producer=PRODUCER)
     stored_config, _ = run.store.read_json(run.run_id, 0, "summary", "config")  # the first start's, on a resume
     _check_same_config(stored_config, config.model_dump(mode="json"), run.store.uri(run.run_id))
-    warm: dict[str, Any] = {}
-    if ckpt.latest_checkpoint(run.checkpoint_root) is None and not _store_has_checkpoint(run, 0):
+    if _step_missing(run, 0):
         trainer = build_trainer(config, config.model.name_or_path)
+        warm: dict[str, Any] = {}
         if config.warm_start.enabled and config.model.name_or_path in PRESETS:
             from ragen_tasks.training.warm_start import warm_start  # only needed for fresh presets
 
             warm = warm_start(trainer.actor_module, trainer.tokenizer, config, progress=progress)
             trainer = _fresh_optimizers(config, trainer)
-        save_trainer(run, trainer, 0)
+        # Its record first: a retry after a crash before the checkpoint commit redoes the (seeded) warm start.
         run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
-    elif run.store.has_manifest(run.run_id, 0, "summary", "warm_start"):
-        warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
+        save_trainer(run, trainer, 0)
+    else:
+        _republish(run, 0)
+    warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
     initial_eval(run)  # before RL (after the warm start): what summary.json compares the final policy with
     done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
     return {"run_id": run.run_id, "start_iteration": 0 if done is None else done + 1, "warm_start": warm}
@@ -220,20 +282,19 @@ def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
 
 def initial_eval(run: Run) -> dict[str, Any]:
     """Held-out evaluation of policy version 0, committed once (checkpoint 0 is pruned later)."""
-    if not run.store.has_manifest(run.run_id, 0, "eval", "initial"):
-        per_env, _ = evaluate_step(run, 0)
-        run.store.write_json(run.run_id, 0, "eval", "initial", {"envs": per_env, "policy_version": 0},
-                             producer=PRODUCER, policy_version=0)
-    result, _ = run.store.read_json(run.run_id, 0, "eval", "initial")
-    return dict(result)
+    return _evaluate_once(run, 0, "initial", 0)
 
 
 def _fresh_optimizers(config: TrainConfig, trainer: Trainer) -> Trainer:
     """RL starts with fresh optimizer state (the warm start's Adam moments are not RL's)."""
-    rebuilt = {name: make_optimizer(module, lr=config.optim.lr if name == "actor" else config.optim.critic_lr,
-                                    weight_decay=config.optim.weight_decay)
-               for name, module in {"actor": trainer.actor_module, **trainer.models}.items()}
-    return Trainer(trainer.actor_module, trainer.tokenizer, rebuilt, trainer.models, trainer.generator)
+    return replace(trainer, train_models=_wrap(config, trainer.actor_module, trainer.models))
+
+
+def _republish(run: Run, step: int) -> None:
+    """A retry that finds ``step`` committed locally completes an upload its crashed attempt may
+    have left unfinished (no-op on a local store, or once the local copy was pruned)."""
+    if not run.is_local and (ckpt.step_dir(run.checkpoint_root, step) / ckpt.MARKER).exists():
+        run.publish_checkpoint(step)
 
 
 def _store_has_checkpoint(run: Run, step: int) -> bool:
@@ -348,8 +409,7 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
         return dict(summary)
     trajectories, manifest = validate_stored_batch(run.store, run.run_id, iteration, "rollouts",
                                                    limits=batch_limits(config))
-    known = {manifest.policy_version: manifest.weights_fingerprint}
-    known[version] = fingerprint(run, version) if version != manifest.policy_version else known[version]
+    known = trusted_fingerprints(run, iteration, config.freshness.max_staleness)
     fresh = freshness_report(trajectories, version, known, config.freshness.max_staleness)
     metrics: dict[str, Any] = {**rollout_health_from_trajectories(trajectories), **fresh.metrics()}
     kept: list[Trajectory] = []
@@ -376,6 +436,8 @@ def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[s
     if not run.store.has_manifest(run.run_id, iteration, "update", "rollback"):
         if _step_missing(run, new_step):
             save_trainer(run, load_trainer(run, to_step), new_step)
+        else:
+            _republish(run, new_step)
         run.store.write_json(run.run_id, iteration, "update", "rollback",
                              {"to_step": to_step, "new_step": new_step,
                               "fingerprint": fingerprint(run, new_step)}, producer=PRODUCER, policy_version=new_step)
@@ -384,9 +446,10 @@ def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[s
 
 
 def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
-    """Metrics as JSON-safe floats: NaN/inf (e.g. a std of an empty set) become null."""
-    return {k: (float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None)
-            for k, v in metrics.items()}
+    """Metrics as plain floats (None for non-numbers). NaN / inf are KEPT: the store's JSON keeps
+    them (Python's json reads NaN and Infinity back) and the Echo-Trap guard must see a non-finite
+    gradient norm; displays sanitise them (flows/train.py)."""
+    return {k: (float(v) if isinstance(v, int | float) else None) for k, v in metrics.items()}
 
 
 def update(run: Run, iteration: int) -> dict[str, Any]:
@@ -401,17 +464,17 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
         return dict(stored)
     trainer = load_trainer(run, step) if _step_missing(run, new_step) else None
     metrics: dict[str, Any] = {}
-    if trainer is not None:  # else: a retry after the checkpoint committed but before the metrics did
+    if trainer is None:  # a retry after the checkpoint committed but before the metrics did
+        _republish(run, new_step)
+    else:
         batch, _ = run.store.read_trajectories(run.run_id, iteration, "batch")
         if batch:
             pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
-            actor = make_train_model(trainer.actor_module, trainer.optimizers["actor"], config.optim)
-            critic = None
-            if "critic" in trainer.models:
-                critic = make_train_model(trainer.models["critic"], trainer.optimizers["critic"], config.optim)
             ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
-            metrics = ppo_update(collate(batch, pad_id=pad_id), actor=actor, algo=config.algo, optim=config.optim,
-                                 generator=trainer.generator, critic=critic, ref_model=ref)
+            device = next(trainer.actor_module.parameters()).device
+            metrics = ppo_update(collate(batch, pad_id=pad_id).to(device), actor=trainer.train_models["actor"],
+                                 algo=config.algo, optim=config.optim, generator=trainer.generator,
+                                 critic=trainer.train_models.get("critic"), ref_model=ref)
         else:
             log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
             metrics = {"batch/trajectories": 0.0}
@@ -440,13 +503,20 @@ def evaluate_step(run: Run, step: int, *, seeds: int | None = None, seed_offset:
                                env_names=env_names)
 
 
-def evaluate(run: Run, iteration: int, step: int) -> dict[str, Any]:
-    """Evaluate the policy the iteration hands on (checkpoint ``step``); commit the result."""
-    if not run.store.has_manifest(run.run_id, iteration, "eval", "eval"):
+def evaluate(run: Run, iteration: int, step: int, *, name: str = "eval") -> dict[str, Any]:
+    """Evaluate checkpoint ``step`` (by default the policy the iteration hands on); commit the result
+    as ``iter_<iteration>/eval/<name>``."""
+    return _evaluate_once(run, iteration, name, step)
+
+
+def _evaluate_once(run: Run, iteration: int, name: str, step: int) -> dict[str, Any]:
+    """Held-out evaluation of checkpoint ``step`` committed as ``iter_<iteration>/eval/<name>``; a retry
+    or resume reads the committed result instead of evaluating again."""
+    if not run.store.has_manifest(run.run_id, iteration, "eval", name):
         per_env, _ = evaluate_step(run, step)
-        run.store.write_json(run.run_id, iteration, "eval", "eval", {"envs": per_env, "policy_version": step},
+        run.store.write_json(run.run_id, iteration, "eval", name, {"envs": per_env, "policy_version": step},
                              producer=PRODUCER, policy_version=step)
-    result, _ = run.store.read_json(run.run_id, iteration, "eval", "eval")
+    result, _ = run.store.read_json(run.run_id, iteration, "eval", name)
     return dict(result)
 
 

@@ -45,10 +45,15 @@ def finish_run(run: pipeline.Run, *, warm_start: dict[str, Any], stopped: dict[s
     """Evaluate before/after RL, write ``summary.json`` and ``report.html``; return the summary."""
     rows = pipeline.history(run)
     final_step = int(rows[-1]["policy/next_step"]) if rows else 0
+    if stopped and stopped.get("last_healthy_step") is not None:
+        # A run the guard stopped hands on its last healthy checkpoint, not the collapsed one.
+        stopped = {**stopped, "collapsed_step": final_step}
+        final_step = int(stopped["last_healthy_step"])
     before = pipeline.initial_eval(run)["envs"]
     after: dict[str, dict[str, float]] = {}
     if rows:  # the final policy's held-out evaluation (a no-op if the last iteration already ran it)
-        after = dict(pipeline.evaluate(run, len(rows) - 1, final_step)["envs"])
+        name = "eval" if final_step == int(rows[-1]["policy/next_step"]) else "final"
+        after = dict(pipeline.evaluate(run, len(rows) - 1, final_step, name=name)["envs"])
     summary: dict[str, Any] = {
         "run_id": run.run_id,
         "preset": run.config.preset,

@@ -56,9 +56,9 @@ def test_rollback_names_the_last_healthy_step_and_mitigates() -> None:
     decisions = _replay(config, COLLAPSE)
     rollback = decisions[7]
     assert rollback.action == "rollback"
-    # Iterations 5 and 6 already showed the collapse (but had not yet fired): healthy = newest
-    # step whose own iteration raised no signal = 6 (signals start at 7); see guard.healthy_step.
-    assert rollback.rollback_to == 6
+    # The rule fired at 7 with patience 3: its window (5, 6, 7) is the collapse, so the healthy
+    # checkpoint is the newest signal-free step BEFORE the onset 5, i.e. 4 (not 5 or 6).
+    assert rollback.rollback_to == 4
     assert rollback.overrides == {"optim.lr": config.optim.lr / 2}
 
 
@@ -72,11 +72,11 @@ def test_rollback_limit_turns_into_stop() -> None:
 
 
 def test_stop_names_the_healthy_checkpoint() -> None:
-    # Rows without recorded signals: every earlier iteration counts as healthy, the newest is 6.
+    # Fired at 7 with a 3-iteration window: the last healthy checkpoint precedes its onset (5).
     decision = guard.decide(_config("stop"), _rows(COLLAPSE), rollbacks_done=0, overrides={})
     assert decision.action == "stop"
-    assert decision.rollback_to == 6
-    assert "last healthy checkpoint: step 6" in decision.message
+    assert decision.rollback_to == 4
+    assert "last healthy checkpoint: step 4" in decision.message
 
 
 def test_off_ignores_everything() -> None:
@@ -94,3 +94,11 @@ def test_mitigations() -> None:
 def test_bad_rule_name_is_clear() -> None:
     with pytest.raises(ValueError, match=r"guard.rules: .*valid rule settings: .*std_collapse_fraction"):
         guard.rules(_config("warn", **{"guard.rules": {"nope": 1}}).guard)
+
+
+def test_rollback_candidates_cover_the_target() -> None:
+    config = _config("rollback")
+    rows = _rows(COLLAPSE)
+    decision = guard.decide(config, rows, rollbacks_done=0, overrides={})
+    # What the flow protected from pruning after the previous iteration includes the chosen target.
+    assert decision.rollback_to in guard.rollback_candidates(rows[:-1], guard.rules(config.guard))

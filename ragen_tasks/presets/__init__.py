@@ -134,7 +134,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f"={value!r}"
-        parts.append(f"{loc}{shown}: {err['msg']}")
+        parts.append(f"{loc}{shown}: {err['msg']}" if loc else str(err["msg"]).removeprefix("Value error, "))
     return f"{source}: " + "; ".join(parts)
 
 

@@ -22,12 +22,21 @@ class TrainModel(Protocol):
     """A model with its optimizer. ``module`` is the underlying nn.Module (for forward passes)."""
 
     module: nn.Module
+    optimizer: Any  # the optimizer stepping ``module`` (a torch optimizer or ZeRO's wrapper); has ``param_groups``
     consecutive_skips: int
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]: ...
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool) -> None: ...
     def step(self) -> tuple[float, bool]:
         """Clip and apply the accumulated gradients; return (pre-clip grad norm, stepped)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state to checkpoint (loadable with ``torch.load(weights_only=True)``)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s output. Call AFTER the weights are loaded into ``module``."""
         ...
 
 
@@ -65,6 +74,12 @@ class TorchTrainModel:
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm, stepped
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
 
 
 def make_optimizer(module: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -252,6 +252,19 @@ def load_weights(actor: torch.nn.Module, path: Path) -> None:
         raise CheckpointError(f"{path}/{WEIGHTS}: model keys missing from the file: {missing[:5]}")
 
 
+def load_optimizers(path: Path, optimizers: dict[str, Any], *, marker: dict[str, Any] | None = None) -> None:
+    """Load ``optim_{name}.pt`` of committed checkpoint ``path`` into each object (anything with
+    ``load_state_dict``: an optimizer, or a backend ``TrainModel``, whose state must be loaded after
+    the backend wrapped the model). ``marker``: the already verified marker (else verified here)."""
+    path = Path(path)
+    marker = verify_checkpoint(path) if marker is None else marker
+    for name, obj in optimizers.items():
+        f = path / f"optim_{name}.pt"
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (has {marker['optimizers']})")
+        obj.load_state_dict(torch.load(f, weights_only=True))
+
+
 def load_checkpoint(
     path: Path,
     *,
@@ -273,11 +286,7 @@ def load_checkpoint(
         if not f.exists():
             raise CheckpointError(f"checkpoint {path} has no model {name!r} (has {marker['models']})")
         load_model(module, str(f))
-    for name, obj in (optimizers or {}).items():
-        f = path / f"optim_{name}.pt"
-        if not f.exists():
-            raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (has {marker['optimizers']})")
-        obj.load_state_dict(torch.load(f, weights_only=True))
+    load_optimizers(path, optimizers or {}, marker=marker)
     if restore_rng:
         set_rng_state(torch.load(path / "rng.pt", weights_only=True))
     extra = torch.load(path / "extra_state.pt", weights_only=True)

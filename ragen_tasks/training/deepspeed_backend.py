@@ -86,3 +86,20 @@ class DeepSpeedTrainModel:
         norm = self.engine.get_global_grad_norm()
         norm = float("nan") if norm is None else float(norm)
         return norm, math.isfinite(norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner torch optimizer's state over ZeRO's flat fp32 partitions. ZeRO's own state_dict
+        holds a LossScaler object that ``torch.load(weights_only=True)`` refuses; at world size 1 the
+        partitions are rebuilt identically from the module's weights by ``deepspeed.initialize``, so
+        the inner optimizer's moments and step are all a resume needs."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise NotImplementedError("DeepSpeed checkpoints are single-process for now (each rank holds its own "
+                                      "partition): run the update with world size 1, or use optim.backend=torch")
+        inner: torch.optim.Optimizer = self.optimizer.optimizer
+        return inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state.get("state"):
+            return  # an optimizer that never stepped (e.g. checkpoint 0): nothing beyond the config's settings
+        inner: torch.optim.Optimizer = self.optimizer.optimizer
+        inner.load_state_dict(state)

@@ -106,12 +106,14 @@ def ppo_update(
     device = batch.input_ids.device
 
     # 1. model-free advantages first, so rows without signal never reach a forward pass
-    advantages: torch.Tensor | None = None  # (B, T), 0 where response_mask = 0
+    # (B, T) the trajectory's advantage on every trained token, 0 where loss_mask = 0. loss_mask is
+    # response_mask unless agent.loss_on_observations also trains on observation tokens.
+    advantages: torch.Tensor | None = None
     if algo.advantage == "grpo":
-        advantages = grpo_advantages(batch.rewards, batch.group_ids, batch.response_mask,
+        advantages = grpo_advantages(batch.rewards, batch.group_ids, batch.loss_mask,
                                      scale_by_std=algo.grpo_scale_by_std)
     elif algo.advantage == "batch_norm":
-        advantages = batch_norm_advantages(batch.rewards, batch.response_mask)
+        advantages = batch_norm_advantages(batch.rewards, batch.loss_mask)
     if advantages is not None:
         keep = ((advantages * batch.loss_mask) != 0).any(dim=1).nonzero().squeeze(1)  # (B',) rows with signal
         metrics["batch/skipped_zero_adv"] = float(batch.batch_size - keep.numel())

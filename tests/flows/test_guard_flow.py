@@ -93,9 +93,12 @@ def test_stop_ends_cleanly_naming_the_last_healthy_checkpoint(tmp_path: Path) ->
     assert Path(stopped["last_healthy_checkpoint"]) == _step(tmp_path, "guard-stop", 1)
     ckpt.verify_checkpoint(Path(stopped["last_healthy_checkpoint"]))  # committed, hashes match
     assert "guard.action=stop" in stopped["reason"]
+    assert stopped["collapsed_step"] == rows[2]["policy/next_step"]  # what the firing update produced
     on_disk = json.loads((tmp_path / "runs" / "guard-stop" / "summary.json").read_text())
     assert on_disk["stopped"] == stopped and on_disk["iterations"] == 3
-    assert "eval/bandit/success" in rows[2]  # the stopping iteration is evaluated
+    # The run hands on (and evaluates) its last healthy checkpoint, not the collapsed one.
+    assert Path(summary["final_checkpoint"]) == _step(tmp_path, "guard-stop", 1)
+    assert "bandit" in summary["eval_after_rl"]
     assert Path(summary["report"]).read_text().count("format_error_rise") >= 1  # the report lists the signal
 
 
