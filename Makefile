@@ -5,6 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# No model hub and no telemetry: everything runs on this machine (and 127.0.0.1).
+export HF_HUB_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # Extra arguments for the default run, e.g. `make train ARGS="--set iterations=5"`.
 ARGS   ?=
 

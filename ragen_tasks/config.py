@@ -152,6 +152,9 @@ class WarmStartConfig(_Frozen):
     steps: int = Field(150, ge=0, description="supervised optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")
     lr: float = Field(3e-3, gt=0, description="supervised learning rate")
+    demo_noise: float = Field(
+        0.3, ge=0, le=1, description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones"
+    )
 
 
 class GuardConfig(_Frozen):

@@ -1,5 +1,10 @@
 """Shared pytest fixtures. Tests never reach the network: only 127.0.0.1."""
 
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from test servers
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download a model
+
 
 # --- S3 API on loopback (moto), shared by data and flows tests ------------------------------------
 import socket as _socket

@@ -8,8 +8,8 @@ not the answer:
   warm-started policy is arm-neutral; ``warm_start`` measures and returns its choice rate of the
   higher-EV arm (it should be near 0.5), so the Bandit learning a run shows is RL's.
 * FrozenLake / Sokoban demonstrations follow the solvers (FrozenLake: shortest path ignoring
-  slip, re-planned every turn), with a fraction ``DEMO_NOISE`` of actions replaced by random ones,
-  so the warm-started policy is a noisy solver and RL has to improve on it.
+  slip, re-planned every turn), with a fraction of actions replaced by random ones,
+  so the warm-started policy is a noisy solver and RL has to improve on it (``warm_start.demo_noise``).
 
 Demonstrations are played through the real multi-turn loop (``run_rollouts``) by a demonstrator
 engine, so their token layout (prompt, response, observation glue) is exactly what RL trains on.
@@ -36,7 +36,6 @@ from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_ta
 
 log = logging.getLogger(__name__)
 
-DEMO_NOISE = 0.3  # fraction of solver actions replaced by a random action (FrozenLake / Sokoban)
 _REASON = {
     "bandit": "I will try one of the arms.",
     "frozen_lake": "I move toward the goal and stay off the holes.",
@@ -69,7 +68,7 @@ class DemonstratorEngine:
     """
 
     def __init__(self, tokenizer: Any, tasks: Sequence[RolloutTask], agent: AgentConfig, *, seed: int,
-                 noise: float = DEMO_NOISE) -> None:
+                 noise: float) -> None:
         self.tokenizer = tokenizer
         self.agent = agent
         self.noise = noise
@@ -102,7 +101,7 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
     """``episodes_per_env`` demonstration episodes per env of the mixture (training seeds only)."""
     groups = config.warm_start.episodes_per_env * len(config.envs)
     tasks = make_group_tasks(config.envs, groups, 1, seed, iteration=999_999, seed_space=config.eval.seed_offset)
-    engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed)
+    engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed, noise=config.warm_start.demo_noise)
     sampling = SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn)
     return run_rollouts(engine, tokenizer, tasks, agent=config.agent, sampling=sampling, policy_version=0,
                         weights_fingerprint="demonstrations", env_factory=engine.env_factory)
@@ -164,7 +163,7 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, p
         "steps": ws.steps,
         "first_loss": losses[0] if losses else math.nan,
         "final_loss": losses[-1] if losses else math.nan,
-        "demo_noise": DEMO_NOISE,
+        "demo_noise": config.warm_start.demo_noise,
     }
     rate = bandit_choice_rate(model, tokenizer, config)
     if rate is not None:
