@@ -57,10 +57,19 @@ def main() -> None:
         inside = sum(v for v in stage_walls.values() if v is not None)
         # generate_tasks and the batch write after filter are data plane with no inner timer:
         # they count as data plane through their task wall minus nothing (conservative for Prefect).
-        prefect = sum(task_walls[k] - v for k, v in stage_walls.items() if v is not None) + (iteration - sum(task_walls.values()))
+        prefect = sum(task_walls[k] - v for k, v in stage_walls.items() if v is not None) + (
+            iteration - sum(task_walls.values())
+        )
         data = iteration - compute - prefect
-        shares.append({"iteration_s": iteration, "compute_s": compute, "data_s": data, "prefect_s": prefect,
-                       "inside_stages_s": inside})
+        shares.append(
+            {
+                "iteration_s": iteration,
+                "compute_s": compute,
+                "data_s": data,
+                "prefect_s": prefect,
+                "inside_stages_s": inside,
+            }
+        )
 
     def mean(key: str) -> float:
         return statistics.fmean(s[key] for s in shares)

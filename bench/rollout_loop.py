@@ -59,14 +59,23 @@ def main() -> None:
     agent = AgentConfig(max_turns=args.turns, max_tokens_per_turn=args.tokens, max_context_tokens=2048)
     engine = TimedEngine(HFEngine(model, tok, seed=0))
     t0 = time.perf_counter()
-    trajs = run_rollouts(engine, tok, tasks, agent=agent, sampling=SamplingParams(max_new_tokens=args.tokens, seed=0),
-                         policy_version=0, weights_fingerprint="bench")
+    trajs = run_rollouts(
+        engine,
+        tok,
+        tasks,
+        agent=agent,
+        sampling=SamplingParams(max_new_tokens=args.tokens, seed=0),
+        policy_version=0,
+        weights_fingerprint="bench",
+    )
     wall = time.perf_counter() - t0
     outside = wall - engine.seconds
     turns = sum(t.num_turns for t in trajs)
-    print(f"episodes={len(trajs)} turns={turns} sampled_tokens={engine.tokens} wall={wall:.2f}s "
-          f"engine={engine.seconds:.2f}s outside_engine={outside:.2f}s ({100 * outside / wall:.1f}%) "
-          f"tokens/s={engine.tokens / wall:.0f}")
+    print(
+        f"episodes={len(trajs)} turns={turns} sampled_tokens={engine.tokens} wall={wall:.2f}s "
+        f"engine={engine.seconds:.2f}s outside_engine={outside:.2f}s ({100 * outside / wall:.1f}%) "
+        f"tokens/s={engine.tokens / wall:.0f}"
+    )
 
 
 if __name__ == "__main__":

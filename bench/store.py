@@ -41,16 +41,32 @@ def make_batch(n: int, tokens: int, turns: int = 5, prompt: int = 200) -> list[T
             mask += [1] * (span // 2) + [0] * (span - span // 2)
         mask += [0] * (tokens - len(mask))
         rewards = [-0.1] * (turns - 1) + [1.0]
-        out.append(Trajectory(
-            traj_id=f"t{i:05d}", env_name="sokoban", seed=i, group_id=i // 8, policy_version=3,
-            weights_fingerprint=FP, input_ids=[rng.randrange(150_000) for _ in range(tokens)],
-            response_mask=mask, loss_mask=list(mask), rollout_logprobs=[-rng.random() * m for m in mask],
-            turn_starts=starts, turn_ends=ends, turn_rewards=rewards, turn_actions=[["Up", "Left"]] * turns,
-            turn_format_ok=[True] * turns, turn_think=["push the box left"] * turns,
-            turn_responses=["<think>push the box left</think><answer>Up || Left</answer>"] * turns,
-            turn_observations=["######\n#_P__#\n#_X__#\n#__O_#\n######"] * turns, reward=sum(rewards),
-            success=True, status="terminated", prompt_length=prompt,
-        ))
+        out.append(
+            Trajectory(
+                traj_id=f"t{i:05d}",
+                env_name="sokoban",
+                seed=i,
+                group_id=i // 8,
+                policy_version=3,
+                weights_fingerprint=FP,
+                input_ids=[rng.randrange(150_000) for _ in range(tokens)],
+                response_mask=mask,
+                loss_mask=list(mask),
+                rollout_logprobs=[-rng.random() * m for m in mask],
+                turn_starts=starts,
+                turn_ends=ends,
+                turn_rewards=rewards,
+                turn_actions=[["Up", "Left"]] * turns,
+                turn_format_ok=[True] * turns,
+                turn_think=["push the box left"] * turns,
+                turn_responses=["<think>push the box left</think><answer>Up || Left</answer>"] * turns,
+                turn_observations=["######\n#_P__#\n#_X__#\n#__O_#\n######"] * turns,
+                reward=sum(rewards),
+                success=True,
+                status="terminated",
+                prompt_length=prompt,
+            )
+        )
     return out
 
 
@@ -60,13 +76,18 @@ def bench_root(root: str, batch: list[Trajectory], repeats: int) -> dict[str, fl
     times: dict[str, list[float]] = {"write+commit": [], "read": [], "gx_validate": [], "freshness": []}
     for r in range(repeats):
         t0 = time.perf_counter()
-        store.write_trajectories(f"bench{r}", 0, "rollouts", batch, producer="bench", policy_version=3,
-                                 weights_fingerprint=FP)
+        store.write_trajectories(
+            f"bench{r}", 0, "rollouts", batch, producer="bench", policy_version=3, weights_fingerprint=FP
+        )
         t1 = time.perf_counter()
         table, manifest = store.read_table(f"bench{r}", 0, "rollouts")
         t2 = time.perf_counter()
-        outcome = validate_table(table, limits=limits, policy_version=manifest.policy_version,
-                                 weights_fingerprint=manifest.weights_fingerprint)
+        outcome = validate_table(
+            table,
+            limits=limits,
+            policy_version=manifest.policy_version,
+            weights_fingerprint=manifest.weights_fingerprint,
+        )
         t3 = time.perf_counter()
         assert outcome.success, outcome.failed
         report = freshness_report(batch, 3, {3: FP}, 0)
@@ -107,22 +128,32 @@ def main() -> None:
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
+    )
     import boto3
 
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            results = {"file": bench_root(f"file://{tmp}", batch, args.repeats),
-                       "s3 (moto, loopback)": bench_root(f"s3://{bucket}/runs", batch, args.repeats)}
+            results = {
+                "file": bench_root(f"file://{tmp}", batch, args.repeats),
+                "s3 (moto, loopback)": bench_root(f"s3://{bucket}/runs", batch, args.repeats),
+            }
     finally:
         server.stop()
 
     size = len(to_table(batch).to_pylist()[0]["input_ids"])
     print(f"batch: {args.trajectories} trajectories x {size} tokens; median of {args.repeats}")
-    print(f"great_expectations import: {gx_import * 1e3:.0f} ms; first validation (context build): {gx_first * 1e3:.0f} ms")
+    print(
+        f"great_expectations import: {gx_import * 1e3:.0f} ms; first validation (context build): {gx_first * 1e3:.0f} ms"
+    )
     n_exp = len(build_suite(BatchLimits(-50, 50, 4096, 5), 3, FP).expectations)
     print(f"GX suite: {n_exp} expectations on a flat {args.trajectories}-row frame")
     print(f"of write+commit, Trajectory list -> Arrow (trajectory.to_table): {convert * 1e3:.0f} ms")

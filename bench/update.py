@@ -38,9 +38,16 @@ def mm_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) -> float:
 def preset_model(name: str) -> Qwen2ForCausalLM:
     """The preset's architecture (vocab 1024) with a seeded random init; no tokenizer needed."""
     s = PRESETS[name]
-    cfg = Qwen2Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                      num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
-                      num_key_value_heads=s.num_kv_heads, max_position_embeddings=1024, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=s.vocab_size,
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(cfg)
 
@@ -49,8 +56,13 @@ def setup(name: str, amp: str, micro: int) -> dict[str, Any]:
     actor_m = preset_model(name)
     optim = OptimConfig.model_validate({"lr": 1e-5, "minibatch_size": 32, "micro_batch_size": micro, "amp_dtype": amp})
     actor = make_train_model(actor_m, make_optimizer(actor_m, lr=optim.lr, weight_decay=0.0), optim)
-    return {"actor": actor, "optim": optim, "params": sum(p.numel() for p in actor_m.parameters()),
-            "gen": torch.Generator().manual_seed(0), "best": None}
+    return {
+        "actor": actor,
+        "optim": optim,
+        "params": sum(p.numel() for p in actor_m.parameters()),
+        "gen": torch.Generator().manual_seed(0),
+        "best": None,
+    }
 
 
 def main() -> None:
@@ -60,8 +72,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0)
-    batch = collate(synthetic_trajectories(n_groups=8, group_size=4, vocab=1000, turns=4, prompt_len=48,
-                                           resp_len=40, obs_len=24))  # 32 trajectories x 280 tokens
+    batch = collate(
+        synthetic_trajectories(n_groups=8, group_size=4, vocab=1000, turns=4, prompt_len=48, resp_len=40, obs_len=24)
+    )  # 32 trajectories x 280 tokens
     configs = {(n, a, m): setup(n, a, m) for n in ("tiny", "small") for a in ("float32", "bfloat16") for m in (8, 32)}
     peak32 = peak16 = 0.0
     for c in configs.values():  # warm-up
@@ -73,17 +86,22 @@ def main() -> None:
             m = ppo_update(batch, actor=c["actor"], algo=algo, optim=c["optim"], generator=c["gen"])
             if c["best"] is None or m["timing/update_s"] < c["best"]["timing/update_s"]:
                 c["best"] = m
-    print(f"torch.mm best-of-{args.rounds} peak ({args.threads} threads): fp32 {peak32:.0f} GFLOP/s, "
-          f"bf16 {peak16:.0f} GFLOP/s; batch {batch.batch_size} x {batch.seq_len} tokens, minibatch 32")
+    print(
+        f"torch.mm best-of-{args.rounds} peak ({args.threads} threads): fp32 {peak32:.0f} GFLOP/s, "
+        f"bf16 {peak16:.0f} GFLOP/s; batch {batch.batch_size} x {batch.seq_len} tokens, minibatch 32"
+    )
     print("| model | params | compute | micro | update s | tokens/s | GFLOP/s (6NT) | % fp32 mm peak | bf16 speed-up |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (name, amp, micro), c in configs.items():
         b = c["best"]
         gflops = 6 * c["params"] * b["perf/tokens"] / b["timing/update_s"] / 1e9
         base = configs[(name, "float32", micro)]["best"]["timing/update_s"]
-        print(f"| {name} | {c['params'] / 1e6:.2f}M | {amp} | {micro} | {b['timing/update_s']:.2f} | "
-              f"{b['perf/tokens_per_s']:.0f} | {gflops:.1f} | {100 * gflops / peak32:.0f}% | "
-              f"{base / b['timing/update_s']:.2f}x |", flush=True)
+        print(
+            f"| {name} | {c['params'] / 1e6:.2f}M | {amp} | {micro} | {b['timing/update_s']:.2f} | "
+            f"{b['perf/tokens_per_s']:.0f} | {gflops:.1f} | {100 * gflops / peak32:.0f}% | "
+            f"{base / b['timing/update_s']:.2f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -26,15 +26,22 @@ def default_worker_name() -> str:
 
 
 @flow(name="ragen-rollout-worker")
-def rollout_worker(run_id: str, store_root: str, max_batches: int | None = None, worker: str | None = None,
-                   idle_timeout_s: float | None = None) -> dict[str, Any]:
+def rollout_worker(
+    run_id: str,
+    store_root: str,
+    max_batches: int | None = None,
+    worker: str | None = None,
+    idle_timeout_s: float | None = None,
+) -> dict[str, Any]:
     """Roll out batches for run ``run_id`` in ``store_root`` (a folder or ``s3://bucket/prefix``).
     ``max_batches``: stop after this many (None: until the run ends); ``worker``: this worker's
     name in item keys (default ``<host>-<pid>``); ``idle_timeout_s``: stop after this long without
     a new checkpoint (default: the run's ``rollout.async_wait_timeout_s``)."""
     name = worker or default_worker_name()
-    result = async_rollout.run_worker(f"{store_root.rstrip('/')}/{run_id}", name, max_batches=max_batches,
-                                      idle_timeout_s=idle_timeout_s)
-    get_run_logger().info("rollout worker %s: %d batches committed, stopped: %s", name, len(result["batches"]),
-                          result["stopped"])
+    result = async_rollout.run_worker(
+        f"{store_root.rstrip('/')}/{run_id}", name, max_batches=max_batches, idle_timeout_s=idle_timeout_s
+    )
+    get_run_logger().info(
+        "rollout worker %s: %d batches committed, stopped: %s", name, len(result["batches"]), result["stopped"]
+    )
     return result

@@ -52,15 +52,20 @@ def _run_stage(run: pipeline.Run, iteration: int, deployment: str, stage: str, n
         return  # idempotent: committed by an earlier attempt
     timeout = run.config.rollout.stage_timeout_s
     flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call: async_dispatch returns the FlowRun
-        name=deployment, parameters={"run": run_uri(run), "iteration": iteration},
-                              timeout=timeout, poll_interval=min(5.0, timeout / 10), as_subflow=True)
+        name=deployment,
+        parameters={"run": run_uri(run), "iteration": iteration},
+        timeout=timeout,
+        poll_interval=min(5.0, timeout / 10),
+        as_subflow=True,
+    )
     state = flow_run.state
     logger.info("iteration %d: %s run %s ended %s", iteration, deployment, flow_run.id, state.name if state else None)
     if not run.store.has_manifest(run.run_id, iteration, stage, name):
         raise RuntimeError(
             f"iteration {iteration}: deployment {deployment!r} (flow run {flow_run.id}) ended in state "
             f"{state.name if state else 'unknown'} without committing {run.store.uri(run.run_id, iteration, stage, name)}"
-            f" (rollout.stage_timeout_s={timeout}); check its logs and that a worker serves its work pool")
+            f" (rollout.stage_timeout_s={timeout}); check its logs and that a worker serves its work pool"
+        )
 
 
 @task(name="rollout-via-deployment", cache_policy=NO_CACHE)
@@ -68,8 +73,11 @@ def rollout_via_deployment(run: pipeline.Run, iteration: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     _run_stage(run, iteration, run.config.rollout.rollout_deployment, "rollouts", "trajectories")
     manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
-    return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"), "trajectories": manifest.num_rows,
-            "timing/rollout_s": time.perf_counter() - t0}
+    return {
+        "uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
+        "trajectories": manifest.num_rows,
+        "timing/rollout_s": time.perf_counter() - t0,
+    }
 
 
 @task(name="update-via-deployment", cache_policy=NO_CACHE)

@@ -76,16 +76,29 @@ def finish_run(run: pipeline.Run, init: dict[str, Any], stopped: dict[str, Any] 
     return finish(run, warm_start=init.get("warm_start", {}), stopped=stopped)
 
 
-SUMMARY_KEYS = ("rollout/success", "rollout/reward_mean", "rollout/in_group_std", "actor/entropy", "actor/grad_norm",
-                "rollout/think_length", "rollout/format_error_rate")
+SUMMARY_KEYS = (
+    "rollout/success",
+    "rollout/reward_mean",
+    "rollout/in_group_std",
+    "actor/entropy",
+    "actor/grad_norm",
+    "rollout/think_length",
+    "rollout/format_error_rate",
+)
 
 
 def _publish_iteration(run: pipeline.Run, row: dict[str, Any]) -> None:
     # Non-finite values stay in the store (the guard reads them) but JSON APIs refuse NaN: show them as text.
-    table = [{"metric": k, "value": row[k] if not isinstance(row[k], float) or math.isfinite(row[k]) else str(row[k])}
-             for k in sorted(row) if k in SUMMARY_KEYS or k.startswith("eval/")]
-    create_table_artifact(table=table, key=f"{_artifact_key(run.run_id)}-metrics",
-                          description=f"iteration {row['iteration']} of {run.run_id}")
+    table = [
+        {"metric": k, "value": row[k] if not isinstance(row[k], float) or math.isfinite(row[k]) else str(row[k])}
+        for k in sorted(row)
+        if k in SUMMARY_KEYS or k.startswith("eval/")
+    ]
+    create_table_artifact(
+        table=table,
+        key=f"{_artifact_key(run.run_id)}-metrics",
+        description=f"iteration {row['iteration']} of {run.run_id}",
+    )
 
 
 def _artifact_key(run_id: str) -> str:
@@ -101,8 +114,14 @@ class _Bar:
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.fields[status]}"), transient=False)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("StarPO iterations", total=total, completed=start, status="")
 
@@ -135,8 +154,9 @@ def train(
 
 
 @task(name="echo-trap-guard", cache_policy=NO_CACHE)
-def guard_check(run: pipeline.Run, rows: list[Mapping[str, Any]], rollbacks_done: int,
-                overrides: dict[str, Any]) -> GuardDecision:
+def guard_check(
+    run: pipeline.Run, rows: list[Mapping[str, Any]], rollbacks_done: int, overrides: dict[str, Any]
+) -> GuardDecision:
     return guard.decide(run.config, rows, rollbacks_done=rollbacks_done, overrides=overrides)
 
 
@@ -159,8 +179,10 @@ class _Clock:
         return result
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"timing/{k}_task_s": v for k, v in self.tasks.items()},
-                "timing/iteration_s": time.perf_counter() - self.start}
+        return {
+            **{f"timing/{k}_task_s": v for k, v in self.tasks.items()},
+            "timing/iteration_s": time.perf_counter() - self.start,
+        }
 
 
 def run_training(config: TrainConfig, *, run_id: str | None = None, show_progress: bool = False) -> dict[str, Any]:
@@ -170,9 +192,11 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
     init = init_run(config, base.run_id)
     start = int(init["start_iteration"])
     logger.info("run %s: iterations %d..%d (store %s)", base.run_id, start, config.iterations - 1, base.store.root_uri)
-    progress: Any = create_progress_artifact(progress=100.0 * start / config.iterations,
-                                             key=f"{_artifact_key(base.run_id)}-progress",
-                                             description=f"StarPO iterations of {base.run_id}")
+    progress: Any = create_progress_artifact(
+        progress=100.0 * start / config.iterations,
+        key=f"{_artifact_key(base.run_id)}-progress",
+        description=f"StarPO iterations of {base.run_id}",
+    )
     bar = _Bar(show_progress, config.iterations, start)
     rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
     rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
@@ -184,22 +208,39 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
         clock = _Clock()  # wall time of each task call, Prefect's own overhead included
         if mode != "async":
             clock("generate_tasks", generate_tasks, run, it)
-        rolled = clock("rollout", {"inprocess": rollout, "deployment": stages.rollout_via_deployment,
-                                   "async": stages.consume_async_batch}[mode], run, it)
+        rolled = clock(
+            "rollout",
+            {"inprocess": rollout, "deployment": stages.rollout_via_deployment, "async": stages.consume_async_batch}[
+                mode
+            ],
+            run,
+            it,
+        )
         batch = clock("filter_and_validate", filter_and_validate, run, it)
         updated = clock("update", stages.update_via_deployment if mode == "deployment" else update, run, it)
         next_step = int(updated["checkpoint/step"])  # the policy the next iteration samples with
-        row: dict[str, Any] = {"iteration": it, **batch, **updated,
-                               **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))},
-                               "policy/step": pipeline.policy_step(run, it), "policy/next_step": next_step}
+        row: dict[str, Any] = {
+            "iteration": it,
+            **batch,
+            **updated,
+            **{k: v for k, v in rolled.items() if k.startswith(("timing/", "async/"))},
+            "policy/step": pipeline.policy_step(run, it),
+            "policy/next_step": next_step,
+        }
         decision = guard_check(run, [*guard.since_last_rollback(rows), row], rollbacks, overrides)
         if decision.action == "rollback" and decision.rollback_to is not None:
             rolled_back = rollback(run, it, decision.rollback_to, next_step + 1)
             row["policy/next_step"] = next_step = int(rolled_back["new_step"])
             rollbacks += 1
             overrides = decision.overrides
-        row.update({"guard/action": decision.action, "guard/signals": decision.signals,
-                    "guard/overrides": overrides, "guard/rollbacks": rollbacks})
+        row.update(
+            {
+                "guard/action": decision.action,
+                "guard/signals": decision.signals,
+                "guard/overrides": overrides,
+                "guard/rollbacks": rollbacks,
+            }
+        )
         if pipeline.should_evaluate(config, it) and decision.action != "stop":  # a stop evaluates the healthy one
             row.update(pipeline.flatten_eval(evaluate(run, it, next_step)))
         row.update(clock.metrics())
@@ -207,22 +248,32 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
         rows.append(row)
         if decision.action != "none":
             logger.warning(decision.message)
-            create_markdown_artifact(markdown=f"**Echo-Trap guard: {decision.action}**\n\n{decision.message}",
-                                     key=f"{_artifact_key(base.run_id)}-guard", description="Echo-Trap guard")
+            create_markdown_artifact(
+                markdown=f"**Echo-Trap guard: {decision.action}**\n\n{decision.message}",
+                key=f"{_artifact_key(base.run_id)}-guard",
+                description="Echo-Trap guard",
+            )
         _publish_iteration(run, row)
         update_progress_artifact(progress, 100.0 * (it + 1) / config.iterations)
         logger.info("iteration %d: %s", it, json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))
         bar.advance(f"success {row.get('rollout/success') or 0:.2f}  reward {row.get('rollout/reward_mean') or 0:+.2f}")
         if decision.action == "stop":
-            stopped = {"iteration": it, "reason": decision.message, "last_healthy_step": decision.rollback_to,
-                       "last_healthy_checkpoint": None if decision.rollback_to is None
-                       else str(run.checkpoint_path(decision.rollback_to))}
+            stopped = {
+                "iteration": it,
+                "reason": decision.message,
+                "last_healthy_step": decision.rollback_to,
+                "last_healthy_checkpoint": None
+                if decision.rollback_to is None
+                else str(run.checkpoint_path(decision.rollback_to)),
+            }
             break
     bar.close()
     summary = finish_run(base, init, stopped)
     create_markdown_artifact(
         markdown=f"# {base.run_id}\n\nReport: `{summary['report']}`\n\n```json\n{json.dumps(summary, indent=2)}\n```",
-        key=f"{_artifact_key(base.run_id)}-summary", description="run summary and report link")
+        key=f"{_artifact_key(base.run_id)}-summary",
+        description="run summary and report link",
+    )
     return summary
 
 

@@ -104,14 +104,26 @@ def worker_tasks(run: pipeline.Run, worker: str, seq: int) -> list[Any]:
     the item name so every trajectory of the run stays traceable to the batch that produced it."""
     config, name = run.config, item_name(worker, seq)
     stream = int(hashlib.sha256(name.encode()).hexdigest()[:12], 16)  # not hash(): same on every pod
-    tasks = make_group_tasks(config.envs, config.rollout.groups, config.rollout.group_size, config.seed, stream,
-                             seed_space=config.eval.seed_offset)
+    tasks = make_group_tasks(
+        config.envs,
+        config.rollout.groups,
+        config.rollout.group_size,
+        config.seed,
+        stream,
+        seed_space=config.eval.seed_offset,
+    )
     return [replace(t, traj_id=f"{name}-{t.traj_id.split('-', 1)[1]}") for t in tasks]
 
 
 # ----------------------------------------------------------------------------------- worker
-def wait_for_run(run_uri: str, *, timeout_s: float, poll_s: float, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> pipeline.Run:
+def wait_for_run(
+    run_uri: str,
+    *,
+    timeout_s: float,
+    poll_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> pipeline.Run:
     """The run at ``run_uri`` once its trainer has committed the config (bounded wait)."""
     start = clock()
     while True:
@@ -119,13 +131,22 @@ def wait_for_run(run_uri: str, *, timeout_s: float, poll_s: float, sleep: Callab
             return pipeline.open_existing_run(run_uri)
         except FileNotFoundError:
             if clock() - start > timeout_s:
-                raise TimeoutError(f"rollout worker: no run at {run_uri} after {timeout_s:.0f}s; start the trainer "
-                                   "first (it commits the config) or check store_root/run_id") from None
+                raise TimeoutError(
+                    f"rollout worker: no run at {run_uri} after {timeout_s:.0f}s; start the trainer "
+                    "first (it commits the config) or check store_root/run_id"
+                ) from None
             sleep(poll_s)
 
 
-def run_worker(run_uri: str, worker: str, *, max_batches: int | None = None, idle_timeout_s: float | None = None,
-               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+def run_worker(
+    run_uri: str,
+    worker: str,
+    *,
+    max_batches: int | None = None,
+    idle_timeout_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
     """Roll out batches against the newest checkpoint until done (see the module docstring).
 
     Returns ``{"worker", "batches": [item URIs committed by this call], "stopped": reason}``.
@@ -133,8 +154,9 @@ def run_worker(run_uri: str, worker: str, *, max_batches: int | None = None, idl
     check_part(worker, "worker")
     if max_batches is not None and max_batches < 0:
         raise ValueError(f"max_batches={max_batches} must be >= 0 (or None for no limit)")
-    run = wait_for_run(run_uri, timeout_s=900.0 if idle_timeout_s is None else idle_timeout_s, poll_s=1.0,
-                       sleep=sleep, clock=clock)
+    run = wait_for_run(
+        run_uri, timeout_s=900.0 if idle_timeout_s is None else idle_timeout_s, poll_s=1.0, sleep=sleep, clock=clock
+    )
     cfg = run.config.rollout
     idle_timeout = cfg.async_wait_timeout_s if idle_timeout_s is None else idle_timeout_s
     mine = [(v, n) for v, n in list_worker_items(run) if (m := _ITEM_RE.match(n)) and m.group("worker") == worker]
@@ -171,13 +193,26 @@ def _roll_one(run: pipeline.Run, worker: str, seq: int, version: int) -> str:
     config, name = run.config, item_name(worker, seq)
     path = run.checkpoint_path(version)
     fp = str(ckpt.verify_checkpoint(path)["fingerprint"])
-    trajectories = pipeline.play_checkpoint(config, path, worker_tasks(run, worker, seq),
-                                            temperature=config.rollout.temperature,
-                                            seed=int(hashlib.sha256(name.encode()).hexdigest()[:8], 16),
-                                            policy_version=version, weights_fingerprint=fp)
-    run.store.write_trajectories(run.run_id, version, "rollouts", trajectories, producer=f"rollout-worker:{worker}",
-                                 policy_version=version, weights_fingerprint=fp, name=name,
-                                 extra={"worker": worker, "seq": seq})
+    trajectories = pipeline.play_checkpoint(
+        config,
+        path,
+        worker_tasks(run, worker, seq),
+        temperature=config.rollout.temperature,
+        seed=int(hashlib.sha256(name.encode()).hexdigest()[:8], 16),
+        policy_version=version,
+        weights_fingerprint=fp,
+    )
+    run.store.write_trajectories(
+        run.run_id,
+        version,
+        "rollouts",
+        trajectories,
+        producer=f"rollout-worker:{worker}",
+        policy_version=version,
+        weights_fingerprint=fp,
+        name=name,
+        extra={"worker": worker, "seq": seq},
+    )
     log.info("rollout worker %s: committed %s (policy version %d)", worker, name, version)
     return run.store.uri(run.run_id, version, "rollouts", name)
 
@@ -193,8 +228,13 @@ def decided_items(run: pipeline.Run, before: int) -> set[str]:
     return out
 
 
-def consume_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float], None] = time.sleep,
-                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+def consume_batch(
+    run: pipeline.Run,
+    iteration: int,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
     """Async mode's rollout stage for ``iteration``: wait (bounded) for a fresh worker batch, reject the
     stale / future / unknown-fingerprint ones, copy the chosen one to ``iter_k/rollouts``.
 
@@ -204,23 +244,37 @@ def consume_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
     store, rid = run.store, run.run_id
     if not store.has_manifest(run.run_id, iteration, LEDGER_STAGE, LEDGER_NAME):
         ledger = _choose_batch(run, iteration, sleep=sleep, clock=clock)
-        store.write_json(rid, iteration, LEDGER_STAGE, LEDGER_NAME, ledger, producer=pipeline.PRODUCER,
-                         policy_version=pipeline.policy_step(run, iteration))
+        store.write_json(
+            rid,
+            iteration,
+            LEDGER_STAGE,
+            LEDGER_NAME,
+            ledger,
+            producer=pipeline.PRODUCER,
+            policy_version=pipeline.policy_step(run, iteration),
+        )
     ledger, _ = store.read_json(rid, iteration, LEDGER_STAGE, LEDGER_NAME)  # the first committed one wins
     if not store.has_manifest(rid, iteration, "rollouts", CONSUMED_NAME):
         chosen = ledger["consumed"]
         trajectories, manifest = store.read_trajectories(rid, chosen["version"], "rollouts", chosen["item"])
-        store.write_trajectories(rid, iteration, "rollouts", trajectories, producer=pipeline.PRODUCER,
-                                 policy_version=manifest.policy_version,
-                                 weights_fingerprint=manifest.weights_fingerprint,
-                                 extra={"consumed": chosen["item"], "consumed_version": chosen["version"]})
+        store.write_trajectories(
+            rid,
+            iteration,
+            "rollouts",
+            trajectories,
+            producer=pipeline.PRODUCER,
+            policy_version=manifest.policy_version,
+            weights_fingerprint=manifest.weights_fingerprint,
+            extra={"consumed": chosen["item"], "consumed_version": chosen["version"]},
+        )
     metrics = dict(ledger["metrics"])
     metrics["trajectories"] = store.read_manifest(rid, iteration, "rollouts", CONSUMED_NAME).num_rows
     return metrics
 
 
-def _choose_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float], None],
-                  clock: Callable[[], float]) -> dict[str, Any]:
+def _choose_batch(
+    run: pipeline.Run, iteration: int, *, sleep: Callable[[float], None], clock: Callable[[], float]
+) -> dict[str, Any]:
     cfg, staleness = run.config.rollout, run.config.freshness.max_staleness
     current = pipeline.policy_step(run, iteration)  # the trainer's policy version (checkpoint step)
     known = pipeline.trusted_fingerprints(run, iteration, staleness)  # lineage only: never a rolled-back step
@@ -232,18 +286,32 @@ def _choose_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
         accepted: list[dict[str, Any]] = []
         for version, name in sorted(v_n for v_n in list_worker_items(run) if v_n[1] not in decided):
             manifest = run.store.read_manifest(run.run_id, version, "rollouts", name)
-            decision = (check_freshness(manifest.policy_version, manifest.weights_fingerprint, current, known, staleness)
-                        if manifest.policy_version >= 0 and manifest.policy_version == version else None)
-            entry = {"item": name, "version": version, "lag": current - version,
-                     "reason": "unknown_fingerprint" if decision is None else decision.reason}
+            decision = (
+                check_freshness(manifest.policy_version, manifest.weights_fingerprint, current, known, staleness)
+                if manifest.policy_version >= 0 and manifest.policy_version == version
+                else None
+            )
+            entry = {
+                "item": name,
+                "version": version,
+                "lag": current - version,
+                "reason": "unknown_fingerprint" if decision is None else decision.reason,
+            }
             if decision is not None and decision.accepted:
                 accepted.append(entry)  # undecided until chosen: a later iteration may still use it
                 continue
             decided.add(name)
             decisions.append(entry)
             rejected.extend(run.store.read_trajectories(run.run_id, version, "rollouts", name)[0])
-            log.warning("iteration %d: rejected worker batch %s (policy version %d, lag %d, max_staleness %d): %s",
-                        iteration, name, version, current - version, staleness, entry["reason"])
+            log.warning(
+                "iteration %d: rejected worker batch %s (policy version %d, lag %d, max_staleness %d): %s",
+                iteration,
+                name,
+                version,
+                current - version,
+                staleness,
+                entry["reason"],
+            )
         if accepted:
             chosen = min(accepted, key=lambda e: (e["lag"], e["item"]))  # freshest, then by name: deterministic
             decisions.append(chosen)
@@ -251,10 +319,12 @@ def _choose_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
             return _ledger(current, staleness, chosen, decisions, trajectories, rejected, known, clock() - start)
         waited = clock() - start
         counts = Counter(d["reason"] for d in decisions)
-        message = (f"async trainer: no batch fresh enough for policy version {current} after {waited:.0f}s "
-                   f"(freshness.max_staleness={staleness}; rejected so far: {dict(counts) or 'none'}). A checkpoint's "
-                   "publish latency plus one rollout may exceed what max_staleness allows: raise "
-                   "freshness.max_staleness, or check that rollout workers are running against this run")
+        message = (
+            f"async trainer: no batch fresh enough for policy version {current} after {waited:.0f}s "
+            f"(freshness.max_staleness={staleness}; rejected so far: {dict(counts) or 'none'}). A checkpoint's "
+            "publish latency plus one rollout may exceed what max_staleness allows: raise "
+            "freshness.max_staleness, or check that rollout workers are running against this run"
+        )
         if waited > cfg.async_wait_timeout_s:
             raise TimeoutError(f"{message} (gave up after rollout.async_wait_timeout_s={cfg.async_wait_timeout_s})")
         if waited > cfg.async_warn_after_s and not warned:
@@ -263,20 +333,33 @@ def _choose_batch(run: pipeline.Run, iteration: int, *, sleep: Callable[[float],
         sleep(cfg.async_poll_s)
 
 
-def _ledger(current: int, staleness: int, chosen: dict[str, Any], decisions: list[dict[str, Any]],
-            accepted: list[Trajectory], rejected: list[Trajectory], known: dict[int, str],
-            waited: float) -> dict[str, Any]:
+def _ledger(
+    current: int,
+    staleness: int,
+    chosen: dict[str, Any],
+    decisions: list[dict[str, Any]],
+    accepted: list[Trajectory],
+    rejected: list[Trajectory],
+    known: dict[int, str],
+    waited: float,
+) -> dict[str, Any]:
     report = freshness_report([*accepted, *rejected], current, known, staleness)
     counts = Counter(d["reason"] for d in decisions if d is not chosen)
-    metrics: dict[str, float] = {f"async/rejected_batches_{r}": float(counts.get(r, 0))
-                                 for r in ("stale", "future", "unknown_fingerprint")}
+    metrics: dict[str, float] = {
+        f"async/rejected_batches_{r}": float(counts.get(r, 0)) for r in ("stale", "future", "unknown_fingerprint")
+    }
     metrics["async/consumed_lag"] = float(chosen["lag"])
     metrics["async/wait_s"] = waited
     metrics.update({f"async/{k.removeprefix('freshness/')}": v for k, v in report.metrics().items()})
     lags = Counter(int(d["lag"]) for d in decisions)
-    return {"policy_version": current, "max_staleness": staleness, "consumed": chosen, "decisions": decisions,
-            "lag_histogram": {str(k): n for k, n in sorted(lags.items())},
-            "metrics": {k: (v if v == v else None) for k, v in metrics.items()}}  # NaN (empty set) -> null
+    return {
+        "policy_version": current,
+        "max_staleness": staleness,
+        "consumed": chosen,
+        "decisions": decisions,
+        "lag_histogram": {str(k): n for k, n in sorted(lags.items())},
+        "metrics": {k: (v if v == v else None) for k, v in metrics.items()},
+    }  # NaN (empty set) -> null
 
 
 def staleness_distribution(run: pipeline.Run) -> dict[str, dict[int, int]]:

@@ -36,9 +36,13 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 @app.command()
 def train(
     preset: Annotated[str, typer.Argument(help="preset name (see --list) or a YAML file")] = "default",
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config value: --set optim.lr=1e-4")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a config value: --set optim.lr=1e-4")
+    ] = None,
     run_id: Annotated[str | None, typer.Option(help="name of the run; an existing run id resumes it")] = None,
-    store: Annotated[str | None, typer.Option(help="store root: a folder or s3://bucket/prefix (default runs/)")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="store root: a folder or s3://bucket/prefix (default runs/)")
+    ] = None,
     list_presets: Annotated[bool, typer.Option("--list", help="list the presets and exit")] = False,
 ) -> None:
     """Train a policy with StarPO through the Prefect training flow.
@@ -65,11 +69,16 @@ def train(
 
 
 def _summary_text(summary: dict[str, Any]) -> str:
-    lines = [f"run: {summary['store']}", f"report: {summary['report']}",
-             f"final checkpoint: {summary['final_checkpoint']}"]
+    lines = [
+        f"run: {summary['store']}",
+        f"report: {summary['report']}",
+        f"final checkpoint: {summary['final_checkpoint']}",
+    ]
     if summary.get("warm_start", {}).get("bandit_high_ev_choice_rate") is not None:
-        lines.append(f"warm start: Bandit higher-EV arm chosen {summary['warm_start']['bandit_high_ev_choice_rate']:.2f} "
-                     "of the time (0.5 = arm-neutral)")
+        lines.append(
+            f"warm start: Bandit higher-EV arm chosen {summary['warm_start']['bandit_high_ev_choice_rate']:.2f} "
+            "of the time (0.5 = arm-neutral)"
+        )
     lines.append("held-out success   before RL -> after RL")
     for env, before in summary.get("eval_before_rl", {}).items():
         after = summary.get("eval_after_rl", {}).get(env, {})
@@ -82,10 +91,14 @@ def _summary_text(summary: dict[str, Any]) -> str:
 @app.command()
 def evaluate(
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint folder, e.g. runs/<run>/checkpoints/step_000020")],
-    env: Annotated[list[str] | None, typer.Option("--env", help="env to evaluate (repeatable; default: the run's mixture)")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="env to evaluate (repeatable; default: the run's mixture)")
+    ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="held-out seeds per env")] = 32,
     seed_offset: Annotated[int, typer.Option(min=0, help="first held-out seed")] = 1_000_000,
-    preset: Annotated[str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print per-env metrics as one JSON object on stdout")] = False,
 ) -> None:
     """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
@@ -104,8 +117,9 @@ def evaluate(
 
     try:
         config = config_for_checkpoint(str(checkpoint), preset)
-        per_env, _ = pipeline.evaluate_checkpoint(config, checkpoint, seeds=seeds, seed_offset=seed_offset,
-                                                  env_names=env)
+        per_env, _ = pipeline.evaluate_checkpoint(
+            config, checkpoint, seeds=seeds, seed_offset=seed_offset, env_names=env
+        )
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     except (FileNotFoundError, ValueError) as exc:
@@ -121,8 +135,14 @@ def evaluate(
     for column in ("env", "success", "reward", "format errors", "turns", "think chars"):
         table.add_column(column)
     for name, m in per_env.items():
-        table.add_row(name, f"{m['success']:.3f}", f"{m['reward']:.3f}", f"{m['format_error_rate']:.3f}",
-                      f"{m['mean_turns']:.2f}", f"{m['think_length']:.1f}")
+        table.add_row(
+            name,
+            f"{m['success']:.3f}",
+            f"{m['reward']:.3f}",
+            f"{m['format_error_rate']:.3f}",
+            f"{m['mean_turns']:.2f}",
+            f"{m['think_length']:.1f}",
+        )
     Console().print(table)
 
 
@@ -146,7 +166,9 @@ BENCHMARKS = ("envs", "rollout", "update", "store", "orchestration")
 
 @app.command()
 def bench(
-    name: Annotated[list[str] | None, typer.Argument(help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")] = None,
+    name: Annotated[
+        list[str] | None, typer.Argument(help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    ] = None,
 ) -> None:
     """Run the benchmarks under bench/ (results are printed; record them in bench/RESULTS.md)."""
     bench_dir = Path(__file__).resolve().parent.parent / "bench"
@@ -154,7 +176,9 @@ def bench(
     for item in chosen:
         script = bench_dir / f"{item}.py"
         if item not in BENCHMARKS or not script.exists():
-            raise _fail(f"unknown benchmark {item!r}; available: {', '.join(b for b in BENCHMARKS if (bench_dir / f'{b}.py').exists())}")
+            raise _fail(
+                f"unknown benchmark {item!r}; available: {', '.join(b for b in BENCHMARKS if (bench_dir / f'{b}.py').exists())}"
+            )
     for item in chosen:
         typer.echo(f"== bench/{item}.py")
         code = subprocess.call([sys.executable, str(bench_dir / f"{item}.py")])

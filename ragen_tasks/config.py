@@ -26,7 +26,8 @@ class EnvSpec(_Frozen):
 
 class ModelConfig(_Frozen):
     name_or_path: str = Field(
-        "tiny", description="'tiny' / 'small' (built from a config, tokenizer trained locally), a HF hub id or a local folder"
+        "tiny",
+        description="'tiny' / 'small' (built from a config, tokenizer trained locally), a HF hub id or a local folder",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights / compute dtype")
     device: str = Field("cpu", description="torch device: cpu, cuda, cuda:0 ...")
@@ -39,12 +40,17 @@ class AgentConfig(_Frozen):
     max_turns: int = Field(5, ge=1, description="turns per episode before truncation")
     max_actions_per_turn: int = Field(5, ge=1, description="interaction granularity: actions executed per turn")
     max_actions_per_episode: int = Field(10, ge=1, description="actions per episode before truncation")
-    format_penalty: float = Field(-0.1, le=0, description="reward of a turn whose answer can't be parsed or holds an invalid action")
+    format_penalty: float = Field(
+        -0.1, le=0, description="reward of a turn whose answer can't be parsed or holds an invalid action"
+    )
     max_tokens_per_turn: int = Field(64, ge=1, description="generation cap of one response")
-    max_context_tokens: int = Field(2048, ge=16, description="episode stops cleanly (status 'context') before exceeding this")
+    max_context_tokens: int = Field(
+        2048, ge=16, description="episode stops cleanly (status 'context') before exceeding this"
+    )
     loss_on_observations: bool = Field(
-        False, description="also train on observation tokens with the trajectory's advantage (the paper's original "
-        "runs); needs algo.advantage grpo or batch_norm (GAE's critic only values policy tokens)"
+        False,
+        description="also train on observation tokens with the trajectory's advantage (the paper's original "
+        "runs); needs algo.advantage grpo or batch_norm (GAE's critic only values policy tokens)",
     )
 
 
@@ -57,20 +63,36 @@ class RolloutConfig(_Frozen):
     top_k: int = Field(0, ge=0, description="top-k sampling; 0 = off")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific options (e.g. base_url)")
     mode: Literal["inprocess", "deployment", "async"] = Field(
-        "inprocess", description="inprocess: every stage in the train flow; deployment: rollout and update run as "
+        "inprocess",
+        description="inprocess: every stage in the train flow; deployment: rollout and update run as "
         "separate Prefect deployments (run_deployment, store URIs only); async: rollout workers commit batches "
-        "continuously and the trainer consumes fresh ones (freshness.max_staleness)")
-    rollout_deployment: str = Field("ragen-rollout-stage/rollout-stage",
-                                    description="mode=deployment: '<flow>/<deployment>' that runs the rollout stage")
-    update_deployment: str = Field("ragen-update-stage/update-stage",
-                                   description="mode=deployment: '<flow>/<deployment>' that runs the update stage")
+        "continuously and the trainer consumes fresh ones (freshness.max_staleness)",
+    )
+    rollout_deployment: str = Field(
+        "ragen-rollout-stage/rollout-stage",
+        description="mode=deployment: '<flow>/<deployment>' that runs the rollout stage",
+    )
+    update_deployment: str = Field(
+        "ragen-update-stage/update-stage",
+        description="mode=deployment: '<flow>/<deployment>' that runs the update stage",
+    )
     stage_timeout_s: float = Field(3600.0, gt=0, description="mode=deployment: seconds to wait for one stage run")
-    async_poll_s: float = Field(1.0, gt=0, description="mode=async: seconds between polls of the store (workers and trainer)")
+    async_poll_s: float = Field(
+        1.0, gt=0, description="mode=async: seconds between polls of the store (workers and trainer)"
+    )
     async_wait_timeout_s: float = Field(
-        900.0, gt=0, description="mode=async: the trainer fails (naming max_staleness) after waiting this long for a fresh batch")
-    async_warn_after_s: float = Field(60.0, gt=0, description="mode=async: warn once after waiting this long for a fresh batch")
+        900.0,
+        gt=0,
+        description="mode=async: the trainer fails (naming max_staleness) after waiting this long for a fresh batch",
+    )
+    async_warn_after_s: float = Field(
+        60.0, gt=0, description="mode=async: warn once after waiting this long for a fresh batch"
+    )
     async_batches_per_version: int = Field(
-        1, ge=1, description="mode=async: batches one worker commits per policy version before waiting for a newer checkpoint")
+        1,
+        ge=1,
+        description="mode=async: batches one worker commits per policy version before waiting for a newer checkpoint",
+    )
 
 
 class AlgoConfig(_Frozen):
@@ -81,7 +103,9 @@ class AlgoConfig(_Frozen):
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
     grpo_scale_by_std: bool = Field(True, description="GRPO divides by the group std; False = Dr. GRPO")
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO eps_low: ratio clipped below at 1 - clip_low")
-    clip_high: float = Field(0.28, gt=0, description="PPO eps_high: ratio clipped above at 1 + clip_high (StarPO-S 0.28)")
+    clip_high: float = Field(
+        0.28, gt=0, description="PPO eps_high: ratio clipped above at 1 + clip_high (StarPO-S 0.28)"
+    )
     dual_clip_c: float | None = Field(None, gt=1, description="dual-clip constant for negative advantages; None = off")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
@@ -91,7 +115,9 @@ class AlgoConfig(_Frozen):
     kl_coef: float = Field(0.001, ge=0, description="KL coefficient")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator")
     value_clip: float = Field(0.5, gt=0, description="critic value clipping range")
-    filter_keep_ratio: float = Field(0.25, gt=0, le=1, description="fraction of groups kept by in-group reward std; 1 = off")
+    filter_keep_ratio: float = Field(
+        0.25, gt=0, le=1, description="fraction of groups kept by in-group reward std; 1 = off"
+    )
     filter_mode: Literal["highest_std", "lowest_std", "nonzero_std"] = Field(
         "highest_std", description="which groups the uncertainty filter keeps"
     )
@@ -115,7 +141,9 @@ class OptimConfig(_Frozen):
 
 
 class FreshnessConfig(_Frozen):
-    max_staleness: int = Field(0, ge=0, description="rollout freshness: policy-version lag allowed; 0 = strictly on-policy")
+    max_staleness: int = Field(
+        0, ge=0, description="rollout freshness: policy-version lag allowed; 0 = strictly on-policy"
+    )
 
 
 class StoreConfig(_Frozen):
@@ -153,7 +181,10 @@ class WarmStartConfig(_Frozen):
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")
     lr: float = Field(3e-3, gt=0, description="supervised learning rate")
     demo_noise: float = Field(
-        0.3, ge=0, le=1, description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones"
+        0.3,
+        ge=0,
+        le=1,
+        description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones",
     )
 
 
@@ -163,10 +194,12 @@ class GuardConfig(_Frozen):
     action: Literal["off", "warn", "stop", "rollback"] = Field("warn", description="reaction to a fired signal")
     max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed per run before stopping")
     mitigation: Literal["lower_lr", "stronger_filter", "starpo_s"] = Field(
-        "lower_lr", description="applied after a rollback: halve the LR, halve filter_keep_ratio, or switch to StarPO-S settings"
+        "lower_lr",
+        description="applied after a rollback: halve the LR, halve filter_keep_ratio, or switch to StarPO-S settings",
     )
     rules: dict[str, Any] = Field(
-        default_factory=dict, description="detector thresholds overriding EchoTrapRules defaults, e.g. {std_collapse_fraction: 0.3}"
+        default_factory=dict,
+        description="detector thresholds overriding EchoTrapRules defaults, e.g. {std_collapse_fraction: 0.3}",
     )
 
 
@@ -177,7 +210,9 @@ class TrainConfig(_Frozen):
     run_id: str | None = Field(None, description="run folder name; None = derived from the preset and time")
     iterations: int = Field(20, ge=1, description="StarPO iterations")
     seed: int = Field(0, description="root seed of the run")
-    envs: list[EnvSpec] = Field(default_factory=lambda: [EnvSpec(name="bandit")], min_length=1, description="training mixture")
+    envs: list[EnvSpec] = Field(
+        default_factory=lambda: [EnvSpec(name="bandit")], min_length=1, description="training mixture"
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="policy model")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="agent turn")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="rollout")
@@ -193,9 +228,13 @@ class TrainConfig(_Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.agent.loss_on_observations and self.algo.advantage == "gae":
-            raise ValueError("agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
-                             "(GAE gives observation tokens no advantage); set one of them differently")
+            raise ValueError(
+                "agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
+                "(GAE gives observation tokens no advantage); set one of them differently"
+            )
         if self.guard.action in ("stop", "rollback") and self.checkpoint.keep_last < 2:
-            raise ValueError(f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "
-                             f"checkpoint must survive pruning); got {self.checkpoint.keep_last}")
+            raise ValueError(
+                f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "
+                f"checkpoint must survive pruning); got {self.checkpoint.keep_last}"
+            )
         return self

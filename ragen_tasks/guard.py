@@ -30,8 +30,13 @@ from ragen_tasks.config import GuardConfig, TrainConfig
 Action = Literal["none", "warn", "stop", "rollback"]
 
 #: StarPO-S stabilisers, as config overrides (the paper's settings; see presets/algos/starpo-s.yaml).
-STARPO_S_OVERRIDES: dict[str, Any] = {"algo.kl_mode": "none", "algo.clip_low": 0.2, "algo.clip_high": 0.28,
-                                      "algo.filter_keep_ratio": 0.25, "algo.filter_mode": "highest_std"}
+STARPO_S_OVERRIDES: dict[str, Any] = {
+    "algo.kl_mode": "none",
+    "algo.clip_low": 0.2,
+    "algo.clip_high": 0.28,
+    "algo.filter_keep_ratio": 0.25,
+    "algo.filter_mode": "highest_std",
+}
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def since_last_rollback(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, 
     """The rows after the last rollback: the detector and the healthy step judge only those (the
     collapsed stretch before a rollback is history, not the current policy's)."""
     starts = [i for i, row in enumerate(rows) if row.get("guard/action") == "rollback"]
-    return list(rows[starts[-1] + 1:] if starts else rows)
+    return list(rows[starts[-1] + 1 :] if starts else rows)
 
 
 def _iteration(row: Mapping[str, Any], index: int) -> int:
@@ -76,8 +81,11 @@ def _iteration(row: Mapping[str, Any], index: int) -> int:
 def onset(rows: Sequence[Mapping[str, Any]], signal: Mapping[str, Any]) -> int:
     """First iteration of the stretch that made ``signal`` fire: ``len(window)`` rows holding the
     signal's metric, counted back from the firing iteration."""
-    seen = [_iteration(row, i) for i, row in enumerate(rows)
-            if signal["metric"] in row and _iteration(row, i) <= int(signal["iteration"])]
+    seen = [
+        _iteration(row, i)
+        for i, row in enumerate(rows)
+        if signal["metric"] in row and _iteration(row, i) <= int(signal["iteration"])
+    ]
     if not seen:
         return int(signal["iteration"])
     return seen[-min(len(signal.get("window") or [0]), len(seen))]
@@ -85,15 +93,16 @@ def onset(rows: Sequence[Mapping[str, Any]], signal: Mapping[str, Any]) -> int:
 
 def max_patience(rules: EchoTrapRules) -> int:
     """The longest window a rule needs before it fires."""
-    return max(rules.std_collapse_patience, rules.entropy_patience, rules.think_patience,
-               rules.format_error_patience, 1)
+    return max(
+        rules.std_collapse_patience, rules.entropy_patience, rules.think_patience, rules.format_error_patience, 1
+    )
 
 
 def rollback_candidates(rows: Sequence[Mapping[str, Any]], rules: EchoTrapRules) -> set[int]:
     """Policy steps a rollback decided after ``rows`` could target: the newest signal-free steps far
     enough back to precede any firing window. The flow protects them from pruning."""
     free = [int(row["policy/step"]) for row in rows if not row.get("guard/signals") and "policy/step" in row]
-    return set(free[-(max_patience(rules) + 1):])
+    return set(free[-(max_patience(rules) + 1) :])
 
 
 def healthy_step(rows: Sequence[Mapping[str, Any]]) -> int | None:
@@ -104,8 +113,9 @@ def healthy_step(rows: Sequence[Mapping[str, Any]]) -> int | None:
     return None
 
 
-def decide(config: TrainConfig, rows: Sequence[Mapping[str, Any]], *, rollbacks_done: int,
-           overrides: Mapping[str, Any]) -> GuardDecision:
+def decide(
+    config: TrainConfig, rows: Sequence[Mapping[str, Any]], *, rollbacks_done: int, overrides: Mapping[str, Any]
+) -> GuardDecision:
     """What to do after the last of ``rows`` (the history since the last rollback, in order).
 
     ``config`` is the config in force (base config + ``overrides``); ``overrides`` are those
@@ -122,14 +132,31 @@ def decide(config: TrainConfig, rows: Sequence[Mapping[str, Any]], *, rollbacks_
     start = min(onset(rows, s) for s in signals)  # the collapse began here: roll back to before it
     healthy = healthy_step([row for i, row in enumerate(rows[:-1]) if _iteration(row, i) < start])
     if guard.action == "warn":
-        return GuardDecision("warn", signals, overrides=dict(overrides), message=f"Echo-Trap signals at iteration {iteration}: {fired}")
+        return GuardDecision(
+            "warn", signals, overrides=dict(overrides), message=f"Echo-Trap signals at iteration {iteration}: {fired}"
+        )
     if guard.action == "rollback" and healthy is not None and rollbacks_done < guard.max_rollbacks:
         new_overrides = {**overrides, **mitigation(config)}
-        return GuardDecision("rollback", signals, rollback_to=healthy, overrides=new_overrides,
-                             message=f"Echo-Trap at iteration {iteration}: {fired}; rolling back to checkpoint "
-                                     f"{healthy} with mitigation {guard.mitigation} ({rollbacks_done + 1}/{guard.max_rollbacks})")
-    why = ("no healthy checkpoint to roll back to" if guard.action == "rollback" and healthy is None
-           else f"rollback limit {guard.max_rollbacks} reached" if guard.action == "rollback" else "guard.action=stop")
+        return GuardDecision(
+            "rollback",
+            signals,
+            rollback_to=healthy,
+            overrides=new_overrides,
+            message=f"Echo-Trap at iteration {iteration}: {fired}; rolling back to checkpoint "
+            f"{healthy} with mitigation {guard.mitigation} ({rollbacks_done + 1}/{guard.max_rollbacks})",
+        )
+    why = (
+        "no healthy checkpoint to roll back to"
+        if guard.action == "rollback" and healthy is None
+        else f"rollback limit {guard.max_rollbacks} reached"
+        if guard.action == "rollback"
+        else "guard.action=stop"
+    )
     where = f"last healthy checkpoint: step {healthy}" if healthy is not None else "no healthy checkpoint yet"
-    return GuardDecision("stop", signals, rollback_to=healthy, overrides=dict(overrides),
-                         message=f"Echo-Trap at iteration {iteration}: {fired}; stopping ({why}); {where}")
+    return GuardDecision(
+        "stop",
+        signals,
+        rollback_to=healthy,
+        overrides=dict(overrides),
+        message=f"Echo-Trap at iteration {iteration}: {fired}; stopping ({why}); {where}",
+    )

@@ -124,8 +124,9 @@ def open_existing_run(run: str) -> Run:
     root, _, run_id = run.rstrip("/").rpartition("/")
     store = Store(root or ".")
     if not store.has_manifest(check_run_id(run_id), 0, "summary", "config"):
-        raise FileNotFoundError(f"{run!r} is not a RAGEN run: no committed config at "
-                                f"{store.uri(run_id, 0, 'summary', 'config')}")
+        raise FileNotFoundError(
+            f"{run!r} is not a RAGEN run: no committed config at {store.uri(run_id, 0, 'summary', 'config')}"
+        )
     stored, _ = store.read_json(run_id, 0, "summary", "config")
     return Run(config=TrainConfig.model_validate(stored), run_id=run_id, store=store)
 
@@ -163,9 +164,12 @@ def _modules(config: TrainConfig, source: str | Path) -> tuple[torch.nn.Module, 
 def _wrap(config: TrainConfig, actor: torch.nn.Module, models: Mapping[str, torch.nn.Module]) -> dict[str, TrainModel]:
     """Each trained module with a fresh AdamW in the configured backend. Wrap only after every weight
     is loaded: ZeRO copies the weights into its fp32 partitions when it wraps."""
-    return {name: make_train_model(module, make_optimizer(module, lr=_lr(config, name),
-                                                          weight_decay=config.optim.weight_decay), config.optim)
-            for name, module in {"actor": actor, **models}.items()}
+    return {
+        name: make_train_model(
+            module, make_optimizer(module, lr=_lr(config, name), weight_decay=config.optim.weight_decay), config.optim
+        )
+        for name, module in {"actor": actor, **models}.items()
+    }
 
 
 def _lr(config: TrainConfig, name: str) -> float:
@@ -176,13 +180,19 @@ def _lr(config: TrainConfig, name: str) -> float:
 def build_trainer(config: TrainConfig, source: str | Path) -> Trainer:
     """A trainer with fresh optimizers for the model at ``source`` (a folder or a preset name)."""
     actor, tokenizer, models = _modules(config, source)
-    return Trainer(actor, tokenizer, models, _wrap(config, actor, models), torch.Generator().manual_seed(config.optim.seed))
+    return Trainer(
+        actor, tokenizer, models, _wrap(config, actor, models), torch.Generator().manual_seed(config.optim.seed)
+    )
 
 
 def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
     info = ckpt.save_checkpoint(
-        run.checkpoint_root, step, actor=trainer.actor_module, tokenizer=trainer.tokenizer,
-        optimizers=dict(trainer.train_models), models=trainer.models,
+        run.checkpoint_root,
+        step,
+        actor=trainer.actor_module,
+        tokenizer=trainer.tokenizer,
+        optimizers=dict(trainer.train_models),
+        models=trainer.models,
         extra_state={"generator": trainer.generator.get_state()},
     )
     ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
@@ -304,11 +314,14 @@ def _store_has_checkpoint(run: Run, step: int) -> bool:
 def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
     """Resuming with another config would silently mix two experiments: refuse, naming the keys.
     ``iterations`` may grow (extend a finished run)."""
-    diffs = sorted(k for k in set(stored) | set(current)
-                   if k not in ("iterations", "preset") and stored.get(k) != current.get(k))
+    diffs = sorted(
+        k for k in set(stored) | set(current) if k not in ("iterations", "preset") and stored.get(k) != current.get(k)
+    )
     if diffs:
-        raise ValueError(f"run {where} already exists with a different config (differs in: {', '.join(diffs)}); "
-                         "use a new run id, or the same settings to resume")
+        raise ValueError(
+            f"run {where} already exists with a different config (differs in: {', '.join(diffs)}); "
+            "use a new run id, or the same settings to resume"
+        )
 
 
 def policy_step(run: Run, iteration: int) -> int:
@@ -323,47 +336,93 @@ def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
     """Task generation: ``groups`` initial states x ``group_size`` rollouts (task diversity knob)."""
     config = run.config
     if not run.store.has_manifest(run.run_id, iteration, "tasks", "tasks"):
-        tasks = make_group_tasks(config.envs, config.rollout.groups, config.rollout.group_size, config.seed,
-                                 iteration, seed_space=config.eval.seed_offset)
+        tasks = make_group_tasks(
+            config.envs,
+            config.rollout.groups,
+            config.rollout.group_size,
+            config.seed,
+            iteration,
+            seed_space=config.eval.seed_offset,
+        )
         run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER)
     tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
     return {"uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"), "tasks": len(tasks_json)}
 
 
 def _sampling(config: TrainConfig, *, temperature: float, seed: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn, temperature=temperature,
-                          top_p=config.rollout.top_p, top_k=config.rollout.top_k, seed=seed)
+    return SamplingParams(
+        max_new_tokens=config.agent.max_tokens_per_turn,
+        temperature=temperature,
+        top_p=config.rollout.top_p,
+        top_k=config.rollout.top_k,
+        seed=seed,
+    )
 
 
-def play_checkpoint(config: TrainConfig, path: Path, tasks: list[RolloutTask], *, temperature: float, seed: int,
-                    policy_version: int, weights_fingerprint: str) -> list[Trajectory]:
+def play_checkpoint(
+    config: TrainConfig,
+    path: Path,
+    tasks: list[RolloutTask],
+    *,
+    temperature: float,
+    seed: int,
+    policy_version: int,
+    weights_fingerprint: str,
+) -> list[Trajectory]:
     """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``)."""
     model, tokenizer = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
     engine = make_engine(config.rollout.engine, model=model, tokenizer=tokenizer, **config.rollout.engine_options)
-    return run_rollouts(engine, tokenizer, tasks, agent=config.agent, sampling=_sampling(config, temperature=temperature,
-                        seed=seed), policy_version=policy_version, weights_fingerprint=weights_fingerprint)
+    return run_rollouts(
+        engine,
+        tokenizer,
+        tasks,
+        agent=config.agent,
+        sampling=_sampling(config, temperature=temperature, seed=seed),
+        policy_version=policy_version,
+        weights_fingerprint=weights_fingerprint,
+    )
 
 
 def _play(run: Run, step: int, tasks: list[RolloutTask], *, temperature: float, seed: int) -> list[Trajectory]:
     """Roll out ``tasks`` with policy version ``step`` of the run."""
-    return play_checkpoint(run.config, run.checkpoint_path(step), tasks, temperature=temperature, seed=seed,
-                           policy_version=step, weights_fingerprint=fingerprint(run, step))
+    return play_checkpoint(
+        run.config,
+        run.checkpoint_path(step),
+        tasks,
+        temperature=temperature,
+        seed=seed,
+        policy_version=step,
+        weights_fingerprint=fingerprint(run, step),
+    )
 
 
-def evaluate_checkpoint(config: TrainConfig, path: Path, *, seeds: int | None = None, seed_offset: int | None = None,
-                        env_names: list[str] | None = None) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+def evaluate_checkpoint(
+    config: TrainConfig,
+    path: Path,
+    *,
+    seeds: int | None = None,
+    seed_offset: int | None = None,
+    env_names: list[str] | None = None,
+) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
     """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
     a name not in the mixture is evaluated with its default config). Deterministic given the seeds."""
     from ragen_tasks.config import EnvSpec
 
     by_name = {s.name: s for s in config.envs}
     specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
-    tasks = make_eval_tasks(specs, seeds or config.eval.seeds,
-                            config.eval.seed_offset if seed_offset is None else seed_offset)
+    tasks = make_eval_tasks(
+        specs, seeds or config.eval.seeds, config.eval.seed_offset if seed_offset is None else seed_offset
+    )
     verified = ckpt.verify_checkpoint(Path(path)) if (Path(path) / ckpt.MARKER).exists() else {}
-    trajectories = play_checkpoint(config, Path(path), tasks, temperature=config.eval.temperature, seed=config.seed,
-                                   policy_version=int(verified.get("policy_version", 0)),
-                                   weights_fingerprint=str(verified.get("fingerprint", "")))
+    trajectories = play_checkpoint(
+        config,
+        Path(path),
+        tasks,
+        temperature=config.eval.temperature,
+        seed=config.seed,
+        policy_version=int(verified.get("policy_version", 0)),
+        weights_fingerprint=str(verified.get("fingerprint", "")),
+    )
     return aggregate(trajectories), trajectories
 
 
@@ -376,23 +435,38 @@ def rollout(run: Run, iteration: int) -> dict[str, Any]:
         tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
         tasks = [RolloutTask(**t) for t in tasks_json]
         t_play = time.perf_counter()
-        trajectories = _play(run, step, tasks, temperature=run.config.rollout.temperature,
-                             seed=run.config.seed * 1_000_003 + iteration)
+        trajectories = _play(
+            run, step, tasks, temperature=run.config.rollout.temperature, seed=run.config.seed * 1_000_003 + iteration
+        )
         compute_s = time.perf_counter() - t_play
-        run.store.write_trajectories(run.run_id, iteration, "rollouts", trajectories, producer=PRODUCER,
-                                     policy_version=step, weights_fingerprint=fingerprint(run, step))
+        run.store.write_trajectories(
+            run.run_id,
+            iteration,
+            "rollouts",
+            trajectories,
+            producer=PRODUCER,
+            policy_version=step,
+            weights_fingerprint=fingerprint(run, step),
+        )
     manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
-    return {"uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
-            "trajectories": manifest.objects[0].rows, "policy_step": manifest.policy_version,
-            "timing/rollout_s": time.perf_counter() - t0,  # the whole stage (store I/O included)
-            "timing/rollout_compute_s": compute_s}  # model load + the multi-turn rollout
+    return {
+        "uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
+        "trajectories": manifest.objects[0].rows,
+        "policy_step": manifest.policy_version,
+        "timing/rollout_s": time.perf_counter() - t0,  # the whole stage (store I/O included)
+        "timing/rollout_compute_s": compute_s,
+    }  # model load + the multi-turn rollout
 
 
 def batch_limits(config: TrainConfig) -> BatchLimits:
     """What a rollout batch must satisfy before it may be trained on."""
     agent = config.agent
-    return BatchLimits(reward_min=config.store.reward_min, reward_max=config.store.reward_max,
-                       max_tokens=agent.max_context_tokens + agent.max_tokens_per_turn, max_turns=agent.max_turns)
+    return BatchLimits(
+        reward_min=config.store.reward_min,
+        reward_max=config.store.reward_max,
+        max_tokens=agent.max_context_tokens + agent.max_tokens_per_turn,
+        max_turns=agent.max_turns,
+    )
 
 
 def filter_and_validate(run: Run, iteration: int, *, current_version: int | None = None) -> dict[str, Any]:
@@ -407,8 +481,9 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
     if run.store.has_manifest(run.run_id, iteration, "batch", "summary"):  # written last: the stage is done
         summary, _ = run.store.read_json(run.run_id, iteration, "batch", "summary")
         return dict(summary)
-    trajectories, manifest = validate_stored_batch(run.store, run.run_id, iteration, "rollouts",
-                                                   limits=batch_limits(config))
+    trajectories, manifest = validate_stored_batch(
+        run.store, run.run_id, iteration, "rollouts", limits=batch_limits(config)
+    )
     known = trusted_fingerprints(run, iteration, config.freshness.max_staleness)
     fresh = freshness_report(trajectories, version, known, config.freshness.max_staleness)
     metrics: dict[str, Any] = {**rollout_health_from_trajectories(trajectories), **fresh.metrics()}
@@ -421,9 +496,15 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
         metrics.update({k: float(v) for k, v in filter_metrics.items()})
     metrics["batch/kept_trajectories"] = float(len(kept))
     # The batch first (idempotent on retry), the summary last: its manifest marks the stage as done.
-    run.store.write_trajectories(run.run_id, iteration, "batch", kept, producer=PRODUCER,
-                                 policy_version=manifest.policy_version,
-                                 weights_fingerprint=manifest.weights_fingerprint)
+    run.store.write_trajectories(
+        run.run_id,
+        iteration,
+        "batch",
+        kept,
+        producer=PRODUCER,
+        policy_version=manifest.policy_version,
+        weights_fingerprint=manifest.weights_fingerprint,
+    )
     metrics["timing/filter_s"] = time.perf_counter() - t0  # read + GX + freshness + filter + batch write
     summary = _json_floats(metrics)
     run.store.write_json(run.run_id, iteration, "batch", "summary", summary, producer=PRODUCER, policy_version=version)
@@ -438,9 +519,15 @@ def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[s
             save_trainer(run, load_trainer(run, to_step), new_step)
         else:
             _republish(run, new_step)
-        run.store.write_json(run.run_id, iteration, "update", "rollback",
-                             {"to_step": to_step, "new_step": new_step,
-                              "fingerprint": fingerprint(run, new_step)}, producer=PRODUCER, policy_version=new_step)
+        run.store.write_json(
+            run.run_id,
+            iteration,
+            "update",
+            "rollback",
+            {"to_step": to_step, "new_step": new_step, "fingerprint": fingerprint(run, new_step)},
+            producer=PRODUCER,
+            policy_version=new_step,
+        )
     result, _ = run.store.read_json(run.run_id, iteration, "update", "rollback")
     return dict(result)
 
@@ -472,9 +559,15 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
             pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
             ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
             device = next(trainer.actor_module.parameters()).device
-            metrics = ppo_update(collate(batch, pad_id=pad_id).to(device), actor=trainer.train_models["actor"],
-                                 algo=config.algo, optim=config.optim, generator=trainer.generator,
-                                 critic=trainer.train_models.get("critic"), ref_model=ref)
+            metrics = ppo_update(
+                collate(batch, pad_id=pad_id).to(device),
+                actor=trainer.train_models["actor"],
+                algo=config.algo,
+                optim=config.optim,
+                generator=trainer.generator,
+                critic=trainer.train_models.get("critic"),
+                ref_model=ref,
+            )
         else:
             log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
             metrics = {"batch/trajectories": 0.0}
@@ -482,8 +575,16 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
     metrics["checkpoint/step"] = float(new_step)
     metrics["timing/update_stage_s"] = time.perf_counter() - t0  # checkpoint load/save + ppo_update (timing/update_s)
     finite = _json_floats(metrics)
-    run.store.write_json(run.run_id, iteration, "update", "metrics", finite, producer=PRODUCER,
-                         policy_version=new_step, weights_fingerprint=fingerprint(run, new_step))
+    run.store.write_json(
+        run.run_id,
+        iteration,
+        "update",
+        "metrics",
+        finite,
+        producer=PRODUCER,
+        policy_version=new_step,
+        weights_fingerprint=fingerprint(run, new_step),
+    )
     return finite
 
 
@@ -496,11 +597,13 @@ def should_evaluate(config: TrainConfig, iteration: int) -> bool:
     return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
 
 
-def evaluate_step(run: Run, step: int, *, seeds: int | None = None, seed_offset: int | None = None,
-                  env_names: list[str] | None = None) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+def evaluate_step(
+    run: Run, step: int, *, seeds: int | None = None, seed_offset: int | None = None, env_names: list[str] | None = None
+) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
     """Held-out evaluation of policy version ``step`` of the run (deterministic given the seeds)."""
-    return evaluate_checkpoint(run.config, run.checkpoint_path(step), seeds=seeds, seed_offset=seed_offset,
-                               env_names=env_names)
+    return evaluate_checkpoint(
+        run.config, run.checkpoint_path(step), seeds=seeds, seed_offset=seed_offset, env_names=env_names
+    )
 
 
 def evaluate(run: Run, iteration: int, step: int, *, name: str = "eval") -> dict[str, Any]:
@@ -514,8 +617,15 @@ def _evaluate_once(run: Run, iteration: int, name: str, step: int) -> dict[str, 
     or resume reads the committed result instead of evaluating again."""
     if not run.store.has_manifest(run.run_id, iteration, "eval", name):
         per_env, _ = evaluate_step(run, step)
-        run.store.write_json(run.run_id, iteration, "eval", name, {"envs": per_env, "policy_version": step},
-                             producer=PRODUCER, policy_version=step)
+        run.store.write_json(
+            run.run_id,
+            iteration,
+            "eval",
+            name,
+            {"envs": per_env, "policy_version": step},
+            producer=PRODUCER,
+            policy_version=step,
+        )
     result, _ = run.store.read_json(run.run_id, iteration, "eval", name)
     return dict(result)
 
@@ -524,9 +634,18 @@ def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[s
     """Commit the iteration's metrics row (it must hold ``policy/next_step``): from now on a resumed
     run starts at ``iteration + 1`` with that policy."""
     if "policy/next_step" not in row:
-        raise ValueError(f"iteration {iteration}: the row must hold 'policy/next_step' (the policy the next iteration uses)")
-    run.store.write_json(run.run_id, iteration, "summary", "summary", dict(row), producer=PRODUCER,
-                         policy_version=int(row["policy/next_step"]))
+        raise ValueError(
+            f"iteration {iteration}: the row must hold 'policy/next_step' (the policy the next iteration uses)"
+        )
+    run.store.write_json(
+        run.run_id,
+        iteration,
+        "summary",
+        "summary",
+        dict(row),
+        producer=PRODUCER,
+        policy_version=int(row["policy/next_step"]),
+    )
     stored, _ = run.store.read_json(run.run_id, iteration, "summary", "summary")
     return dict(stored)
 

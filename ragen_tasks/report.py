@@ -43,8 +43,9 @@ def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], 
     return xs, ys
 
 
-def _plot_png(title: str, keys: Sequence[str], history: Sequence[Mapping[str, Any]],
-              signals: Sequence[Mapping[str, Any]]) -> str | None:
+def _plot_png(
+    title: str, keys: Sequence[str], history: Sequence[Mapping[str, Any]], signals: Sequence[Mapping[str, Any]]
+) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,8 +116,10 @@ def write_report(
     if signals:
         parts.append("<h2 class='sig'>Echo-Trap guard signals</h2><ul>")
         for s in signals:
-            parts.append(f"<li class='sig'>iteration {s['iteration']}: <b>{html.escape(str(s.get('rule')))}</b> "
-                         f"{html.escape(str(s.get('message', '')))}</li>")
+            parts.append(
+                f"<li class='sig'>iteration {s['iteration']}: <b>{html.escape(str(s.get('rule')))}</b> "
+                f"{html.escape(str(s.get('message', '')))}</li>"
+            )
         parts.append("</ul>")
     parts.append("<h2>Learning curves</h2><div>")
     for panel_title, keys in PANELS:

@@ -37,11 +37,19 @@ def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -
     rows = pipeline.history(run)
     signals = [s for row in rows for s in row.get("guard/signals", []) or []]
     last = rows[-1]["iteration"] if rows else -1
-    return write_report(run.run_dir / "report.html", title=f"RAGEN run {run.run_id}", history=rows, signals=signals,
-                        samples=_samples(run, last), summary=summary)
+    return write_report(
+        run.run_dir / "report.html",
+        title=f"RAGEN run {run.run_id}",
+        history=rows,
+        signals=signals,
+        samples=_samples(run, last),
+        summary=summary,
+    )
 
 
-def finish_run(run: pipeline.Run, *, warm_start: dict[str, Any], stopped: dict[str, Any] | None = None) -> dict[str, Any]:
+def finish_run(
+    run: pipeline.Run, *, warm_start: dict[str, Any], stopped: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Evaluate before/after RL, write ``summary.json`` and ``report.html``; return the summary."""
     rows = pipeline.history(run)
     final_step = int(rows[-1]["policy/next_step"]) if rows else 0

@@ -12,9 +12,18 @@ from ragen_tasks.presets import load_config
 
 def _rows(stds: list[float]) -> list[dict[str, Any]]:
     """Healthy rows, then whatever in-group std values are given; policy step = iteration."""
-    return [{"iteration": i, "policy/step": i, "rollout/in_group_std": s, "actor/grad_norm": 1.0,
-             "actor/entropy": 0.5, "rollout/think_length": 30.0, "rollout/format_error_rate": 0.0}
-            for i, s in enumerate(stds)]
+    return [
+        {
+            "iteration": i,
+            "policy/step": i,
+            "rollout/in_group_std": s,
+            "actor/grad_norm": 1.0,
+            "actor/entropy": 0.5,
+            "rollout/think_length": 30.0,
+            "rollout/format_error_rate": 0.0,
+        }
+        for i, s in enumerate(stds)
+    ]
 
 
 COLLAPSE = [0.4, 0.42, 0.38, 0.4, 0.41, 0.02, 0.01, 0.01]  # in-group std dies at iteration 5
@@ -85,9 +94,12 @@ def test_off_ignores_everything() -> None:
 
 def test_mitigations() -> None:
     base = _config("rollback")
-    assert guard.mitigation(base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "stronger_filter"})})) == {
-        "algo.filter_keep_ratio": base.algo.filter_keep_ratio / 2}
-    starpo_s = guard.mitigation(base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "starpo_s"})}))
+    assert guard.mitigation(
+        base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "stronger_filter"})})
+    ) == {"algo.filter_keep_ratio": base.algo.filter_keep_ratio / 2}
+    starpo_s = guard.mitigation(
+        base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "starpo_s"})})
+    )
     assert starpo_s["algo.clip_high"] == 0.28 and starpo_s["algo.kl_mode"] == "none"
 
 

@@ -63,9 +63,7 @@ def parse_response(text: str, *, think: bool) -> ParsedResponse:
     return ParsedResponse(ok=True, think=thought, actions=tuple(pieces), error="")
 
 
-def map_actions(
-    actions: Sequence[str], action_names: Sequence[str], *, max_actions: int
-) -> tuple[list[str], bool]:
+def map_actions(actions: Sequence[str], action_names: Sequence[str], *, max_actions: int) -> tuple[list[str], bool]:
     """Cut ``actions`` to ``max_actions``, map them to canonical names; stop at the first invalid one.
 
     Returns ``(canonical names of the valid prefix, every kept action was valid)``.

@@ -57,9 +57,11 @@ def task_description(env_name: str, action_names: Sequence[str]) -> str:
 def answer_format(*, think: bool, max_actions_per_turn: int) -> str:
     """How the answer must look (think or no-think mode)."""
     example = "<answer>Action1 || Action2</answer>" if max_actions_per_turn > 1 else "<answer>Action</answer>"
-    limit = f"Give 1 to {max_actions_per_turn} actions separated by ||; they run in order." if (
-        max_actions_per_turn > 1
-    ) else "Give exactly one action."
+    limit = (
+        f"Give 1 to {max_actions_per_turn} actions separated by ||; they run in order."
+        if (max_actions_per_turn > 1)
+        else "Give exactly one action."
+    )
     if think:
         return f"Answer as <think>your reasoning</think>{example}. {limit}"
     return f"Answer as {example} with no other text. {limit}"

@@ -44,8 +44,11 @@ def check_freshness(
     max_staleness: int,
 ) -> FreshnessDecision:
     """Decide whether data sampled at ``batch_version`` may update the policy at ``current_version``."""
-    for name, value in (("batch_version", batch_version), ("current_version", current_version),
-                        ("max_staleness", max_staleness)):
+    for name, value in (
+        ("batch_version", batch_version),
+        ("current_version", current_version),
+        ("max_staleness", max_staleness),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"check_freshness: {name}={value!r} must be an int >= 0")
     lag = current_version - batch_version
@@ -116,8 +119,9 @@ def freshness_report(
     rejected: list[Trajectory] = []
     counts: dict[str, int] = dict.fromkeys(REASONS, 0)
     for traj in trajectories:
-        d = check_freshness(traj.policy_version, traj.weights_fingerprint, current_version, known_fingerprints,
-                            max_staleness)
+        d = check_freshness(
+            traj.policy_version, traj.weights_fingerprint, current_version, known_fingerprints, max_staleness
+        )
         counts[d.reason] += 1
         (accepted if d.accepted else rejected).append(traj)
     return FreshnessReport(accepted, rejected, counts, LengthStats.of(accepted), LengthStats.of(rejected))

@@ -82,7 +82,9 @@ class Manifest:
         check_stage(self.stage)
         check_part(self.name, "name")
         if self.manifest_version != MANIFEST_VERSION:
-            raise ManifestError(f"manifest at {where}: manifest_version={self.manifest_version}, reader knows {MANIFEST_VERSION}")
+            raise ManifestError(
+                f"manifest at {where}: manifest_version={self.manifest_version}, reader knows {MANIFEST_VERSION}"
+            )
         if self.kind not in ("trajectories", "json"):
             raise ManifestError(f"manifest at {where}: kind={self.kind!r} must be 'trajectories' or 'json'")
         if self.kind == "trajectories" and self.schema_version != SCHEMA_VERSION:

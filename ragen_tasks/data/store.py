@@ -125,15 +125,29 @@ class Store:
         pq.write_table(table, buf)
         data = buf.getvalue()
         entry = self._put_object(run_id, iteration, stage, f"{name}-00000", ".parquet", data, rows=table.num_rows)
-        manifest = self._manifest(run_id, iteration, stage, name, "trajectories", (entry,), producer=producer,
-                                  policy_version=policy_version, weights_fingerprint=weights_fingerprint, extra=extra)
+        manifest = self._manifest(
+            run_id,
+            iteration,
+            stage,
+            name,
+            "trajectories",
+            (entry,),
+            producer=producer,
+            policy_version=policy_version,
+            weights_fingerprint=weights_fingerprint,
+            extra=extra,
+        )
         return self._commit(mkey, manifest)
 
-    def read_table(self, run_id: str, iteration: int, stage: str, name: str = "trajectories") -> tuple[pa.Table, Manifest]:
+    def read_table(
+        self, run_id: str, iteration: int, stage: str, name: str = "trajectories"
+    ) -> tuple[pa.Table, Manifest]:
         """The committed batch as one Arrow table (objects named by the manifest, checksums checked)."""
         manifest = self.read_manifest(run_id, iteration, stage, name)
         if manifest.kind != "trajectories":
-            raise ManifestError(f"{self.uri(run_id, iteration, stage, name)} holds kind={manifest.kind!r}, not trajectories")
+            raise ManifestError(
+                f"{self.uri(run_id, iteration, stage, name)} holds kind={manifest.kind!r}, not trajectories"
+            )
         tables = []
         for entry in manifest.objects:
             data = self._get_checked(stage_prefix(run_id, iteration, stage), entry)
@@ -174,14 +188,26 @@ class Store:
             return existing
         data = json.dumps(obj, sort_keys=True).encode()
         entry = self._put_object(run_id, iteration, stage, name, ".json", data, rows=1)
-        manifest = self._manifest(run_id, iteration, stage, name, "json", (entry,), producer=producer,
-                                  policy_version=policy_version, weights_fingerprint=weights_fingerprint, extra=extra)
+        manifest = self._manifest(
+            run_id,
+            iteration,
+            stage,
+            name,
+            "json",
+            (entry,),
+            producer=producer,
+            policy_version=policy_version,
+            weights_fingerprint=weights_fingerprint,
+            extra=extra,
+        )
         return self._commit(mkey, manifest)
 
     def read_json(self, run_id: str, iteration: int, stage: str, name: str) -> tuple[Any, Manifest]:
         manifest = self.read_manifest(run_id, iteration, stage, name)
         if manifest.kind != "json" or len(manifest.objects) != 1:
-            raise ManifestError(f"{self.uri(run_id, iteration, stage, name)} holds kind={manifest.kind!r}, not one JSON object")
+            raise ManifestError(
+                f"{self.uri(run_id, iteration, stage, name)} holds kind={manifest.kind!r}, not one JSON object"
+            )
         data = self._get_checked(stage_prefix(run_id, iteration, stage), manifest.objects[0])
         return json.loads(data.decode()), manifest
 
@@ -198,8 +224,10 @@ class Store:
                 "not finish, or its batch was quarantined). Run the stage (again) for this iteration."
             )
         if (manifest.run_id, manifest.iteration, manifest.stage, manifest.name) != (run_id, iteration, stage, name):
-            raise ManifestError(f"manifest at {self.root_uri}/{mkey} describes another item: {manifest.run_id}/"
-                                f"{manifest.iteration}/{manifest.stage}/{manifest.name}")
+            raise ManifestError(
+                f"manifest at {self.root_uri}/{mkey} describes another item: {manifest.run_id}/"
+                f"{manifest.iteration}/{manifest.stage}/{manifest.name}"
+            )
         return manifest
 
     def last_committed_iteration(self, run_id: str, stage: str, name: str = "trajectories") -> int | None:
@@ -223,8 +251,10 @@ class Store:
         for entry in manifest.objects:
             if self.fs.exists(self._path(f"{src}/{entry.name}")):
                 self.fs.copy(self._path(f"{src}/{entry.name}"), self._path(f"{dst}/{entry.name}"))
-        self._put_bytes(f"{dst}/{check_part(name, 'name')}.validation.json",
-                        json.dumps(result, indent=1, sort_keys=True, default=str).encode())
+        self._put_bytes(
+            f"{dst}/{check_part(name, 'name')}.validation.json",
+            json.dumps(result, indent=1, sort_keys=True, default=str).encode(),
+        )
         self._put_bytes(f"{dst}/{name}.manifest.json", manifest.to_json_bytes())
         self.fs.rm(self._path(mkey))
         for entry in manifest.objects:
@@ -271,7 +301,9 @@ class Store:
             same = all((local / f["path"]).is_file() and _file_sha256(local / f["path"]) == f["sha256"] for f in files)
             if same:
                 return local
-            raise FileExistsError(f"download_dir: {local} exists and differs from {self.root_uri}/{key}; remove it first")
+            raise FileExistsError(
+                f"download_dir: {local} exists and differs from {self.root_uri}/{key}; remove it first"
+            )
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{local.name}.partial-", dir=local.parent))
         try:
@@ -301,7 +333,11 @@ class Store:
         steps = []
         for p in self.fs.ls(prefix, detail=False):
             base = str(p).rstrip("/").rsplit("/", 1)[-1]
-            if base.startswith("step_") and base[5:].isdigit() and self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}"):
+            if (
+                base.startswith("step_")
+                and base[5:].isdigit()
+                and self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}")
+            ):
                 steps.append(int(base[5:]))
         return sorted(steps)
 
@@ -318,19 +354,40 @@ class Store:
     def _path(self, key: str) -> str:
         return f"{self._root}/{key}"
 
-    def _manifest(self, run_id: str, iteration: int, stage: str, name: str, kind: Kind,
-                  objects: tuple[ObjectEntry, ...], *, producer: str, policy_version: int,
-                  weights_fingerprint: str, extra: dict[str, Any] | None) -> Manifest:
+    def _manifest(
+        self,
+        run_id: str,
+        iteration: int,
+        stage: str,
+        name: str,
+        kind: Kind,
+        objects: tuple[ObjectEntry, ...],
+        *,
+        producer: str,
+        policy_version: int,
+        weights_fingerprint: str,
+        extra: dict[str, Any] | None,
+    ) -> Manifest:
         manifest = Manifest(
-            run_id=run_id, iteration=iteration, stage=stage, name=name, kind=kind, producer=str(producer),
-            policy_version=int(policy_version), weights_fingerprint=str(weights_fingerprint), objects=objects,
-            num_rows=sum(o.rows for o in objects), created_at=_now(), extra=dict(extra or {}),
+            run_id=run_id,
+            iteration=iteration,
+            stage=stage,
+            name=name,
+            kind=kind,
+            producer=str(producer),
+            policy_version=int(policy_version),
+            weights_fingerprint=str(weights_fingerprint),
+            objects=objects,
+            num_rows=sum(o.rows for o in objects),
+            created_at=_now(),
+            extra=dict(extra or {}),
         )
         json.dumps(manifest.extra)  # fail before committing if extra is not JSON-able
         return manifest
 
-    def _put_object(self, run_id: str, iteration: int, stage: str, stem: str, suffix: str, data: bytes,
-                    *, rows: int) -> ObjectEntry:
+    def _put_object(
+        self, run_id: str, iteration: int, stage: str, stem: str, suffix: str, data: bytes, *, rows: int
+    ) -> ObjectEntry:
         digest = sha256_hex(data)
         name = check_data_file_name(f"{stem}-{digest[:16]}{suffix}")
         key = f"{stage_prefix(run_id, iteration, stage)}/{name}"

@@ -89,11 +89,14 @@ def collate(trajectories: list[Trajectory], *, pad_id: int = 0) -> TokenBatch:
         if traj.num_tokens == 0:
             raise ValueError(f"trajectory {traj.traj_id}: input_ids is empty")
         if traj.loss_mask[0]:
-            raise ValueError(f"trajectory {traj.traj_id}: loss_mask[0]=1 but token 0 has no context; "
-                             "every trajectory must start with at least one prompt token")
+            raise ValueError(
+                f"trajectory {traj.traj_id}: loss_mask[0]=1 but token 0 has no context; "
+                "every trajectory must start with at least one prompt token"
+            )
         if not any(traj.loss_mask):
-            raise ValueError(f"trajectory {traj.traj_id}: loss_mask is all 0 (no token to train on); "
-                             "drop it before collating")
+            raise ValueError(
+                f"trajectory {traj.traj_id}: loss_mask is all 0 (no token to train on); drop it before collating"
+            )
     b = len(trajectories)
     t = max(traj.num_tokens for traj in trajectories)
     input_ids = torch.full((b, t), pad_id, dtype=torch.int64)

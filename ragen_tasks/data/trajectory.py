@@ -85,10 +85,19 @@ class Trajectory:
         t = len(self.input_ids)
         for name in ("response_mask", "loss_mask", "rollout_logprobs"):
             if len(getattr(self, name)) != t:
-                raise ValueError(f"trajectory {self.traj_id}: len({name})={len(getattr(self, name))} != len(input_ids)={t}")
+                raise ValueError(
+                    f"trajectory {self.traj_id}: len({name})={len(getattr(self, name))} != len(input_ids)={t}"
+                )
         n = len(self.turn_starts)
-        for name in ("turn_ends", "turn_rewards", "turn_actions", "turn_format_ok", "turn_think",
-                     "turn_responses", "turn_observations"):
+        for name in (
+            "turn_ends",
+            "turn_rewards",
+            "turn_actions",
+            "turn_format_ok",
+            "turn_think",
+            "turn_responses",
+            "turn_observations",
+        ):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"trajectory {self.traj_id}: len({name})={len(getattr(self, name))} != num turns {n}")
         if not 0 <= self.prompt_length <= t:
@@ -101,7 +110,9 @@ class Trajectory:
         if not math.isclose(self.reward, sum(self.turn_rewards), rel_tol=1e-6, abs_tol=1e-6):
             raise ValueError(f"trajectory {self.traj_id}: reward {self.reward} != sum(turn_rewards)")
         if self.status not in TrajectoryStatus._value2member_map_:
-            raise ValueError(f"trajectory {self.traj_id}: status={self.status!r} not one of {[s.value for s in TrajectoryStatus]}")
+            raise ValueError(
+                f"trajectory {self.traj_id}: status={self.status!r} not one of {[s.value for s in TrajectoryStatus]}"
+            )
 
 
 ARROW_SCHEMA = pa.schema(
@@ -149,6 +160,8 @@ def from_table(table: pa.Table) -> list[Trajectory]:
     missing = sorted(set(_FIELD_NAMES) - set(table.column_names))
     extra = sorted(set(table.column_names) - set(_FIELD_NAMES))
     if missing or extra:
-        raise ValueError(f"trajectory table does not match schema v{SCHEMA_VERSION}: missing={missing} unexpected={extra}")
+        raise ValueError(
+            f"trajectory table does not match schema v{SCHEMA_VERSION}: missing={missing} unexpected={extra}"
+        )
     rows = table.select(_FIELD_NAMES).to_pylist()
     return [Trajectory(**row) for row in rows]

@@ -103,7 +103,9 @@ def _check_path(path: list[str], model: type[BaseModel], text: str) -> None:
         fields = current.model_fields
         if part not in fields:
             where = ".".join(path[:depth]) or "top level"
-            raise ConfigError(f"--set {text!r}: unknown key {part!r} at {where}; valid keys: {', '.join(sorted(fields))}")
+            raise ConfigError(
+                f"--set {text!r}: unknown key {part!r} at {where}; valid keys: {', '.join(sorted(fields))}"
+            )
         annotation = fields[part].annotation
         current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 

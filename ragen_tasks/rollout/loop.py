@@ -173,9 +173,7 @@ def run_rollouts(
     return [_finish(e, policy_version, weights_fingerprint, agent) for e in episodes]
 
 
-def _start(
-    task: RolloutTask, env: TextGame, renderer: ChatRenderer, agent: AgentConfig, cap: int
-) -> _Episode:
+def _start(task: RolloutTask, env: TextGame, renderer: ChatRenderer, agent: AgentConfig, cap: int) -> _Episode:
     board, _info = env.reset(seed=task.seed)
     messages = initial_messages(
         env_name=task.env_name,
@@ -194,8 +192,13 @@ def _start(
             "agent.max_context_tokens (within the model's context) or use a smaller board"
         )
     return _Episode(
-        task=task, env=env, board=board, ids=ids, response_mask=[0] * len(ids),
-        logprobs=[0.0] * len(ids), prompt_length=len(ids),
+        task=task,
+        env=env,
+        board=board,
+        ids=ids,
+        response_mask=[0] * len(ids),
+        logprobs=[0.0] * len(ids),
+        prompt_length=len(ids),
     )
 
 
@@ -240,9 +243,7 @@ def _play_turn(episode: _Episode, gen: Generation, text: str, agent: AgentConfig
     episode.turn_think.append(parsed.think)
 
 
-def _feed_observation(
-    episode: _Episode, gen: Generation, renderer: ChatRenderer, agent: AgentConfig, cap: int
-) -> None:
+def _feed_observation(episode: _Episode, gen: Generation, renderer: ChatRenderer, agent: AgentConfig, cap: int) -> None:
     """Append the next user message's ids (mask 0), or end the episode with status 'context'."""
     message = followup_message(
         board=episode.board,
@@ -259,9 +260,7 @@ def _feed_observation(
     episode.logprobs.extend([0.0] * len(obs_ids))
 
 
-def _finish(
-    episode: _Episode, policy_version: int, weights_fingerprint: str, agent: AgentConfig
-) -> Trajectory:
+def _finish(episode: _Episode, policy_version: int, weights_fingerprint: str, agent: AgentConfig) -> Trajectory:
     if episode.status is None:  # only reachable if max_turns was never hit: defensive
         raise RuntimeError(f"episode {episode.task.traj_id} ended without a status")
     # loss_mask: 1 = trained on. Sampled tokens always; observation tokens (never the prompt) if asked.

@@ -43,8 +43,15 @@ class TrainModel(Protocol):
 class TorchTrainModel:
     """Plain torch: accumulate grads, ``clip_grad_norm_``, skip the step when the norm is not finite."""
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, *, max_grad_norm: float,
-                 amp_dtype: str = "float32", scheduler: Any = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        max_grad_norm: float,
+        amp_dtype: str = "float32",
+        scheduler: Any = None,
+    ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -88,12 +95,14 @@ def make_optimizer(module: nn.Module, *, lr: float, weight_decay: float) -> torc
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
 
 
-def make_train_model(module: nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig,
-                     *, scheduler: Any = None) -> TrainModel:
+def make_train_model(
+    module: nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig, *, scheduler: Any = None
+) -> TrainModel:
     """Wrap ``module`` + ``optimizer`` in the backend ``optim.backend`` selects (torch or deepspeed)."""
     if optim.backend == "torch":
-        return TorchTrainModel(module, optimizer, max_grad_norm=optim.max_grad_norm,
-                               amp_dtype=optim.amp_dtype, scheduler=scheduler)
+        return TorchTrainModel(
+            module, optimizer, max_grad_norm=optim.max_grad_norm, amp_dtype=optim.amp_dtype, scheduler=scheduler
+        )
     if optim.backend == "deepspeed":
         from ragen_tasks.training.deepspeed_backend import DeepSpeedTrainModel  # lazy: optional dependency
 

@@ -187,8 +187,14 @@ def committed_checkpoints(root: Path) -> list[CheckpointInfo]:
             continue
         try:
             m = json.loads(marker.read_text())
-            out.append(CheckpointInfo(path=d, step=int(m["step"]), policy_version=int(m["policy_version"]),
-                                      fingerprint=str(m["fingerprint"])))
+            out.append(
+                CheckpointInfo(
+                    path=d,
+                    step=int(m["step"]),
+                    policy_version=int(m["policy_version"]),
+                    fingerprint=str(m["fingerprint"]),
+                )
+            )
         except (ValueError, KeyError) as e:
             log.warning("ignoring %s: unreadable marker (%s)", d, e)
     return sorted(out, key=lambda i: i.step)
@@ -219,8 +225,10 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if not marker_path.exists():
-        raise CheckpointError(f"checkpoint {path} is not committed (no {MARKER}): its save was interrupted; "
-                              "load latest_checkpoint(root) instead")
+        raise CheckpointError(
+            f"checkpoint {path} is not committed (no {MARKER}): its save was interrupted; "
+            "load latest_checkpoint(root) instead"
+        )
     try:
         marker: dict[str, Any] = json.loads(marker_path.read_text())
     except ValueError as e:
@@ -231,8 +239,10 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {path}: file {name} listed in {MARKER} is missing")
         actual = sha256_file(p)
         if actual != digest:
-            raise CheckpointError(f"checkpoint {path}: {name} has sha256 {actual[:12]}.. but {MARKER} "
-                                  f"records {digest[:12]}..: the folder was modified after commit")
+            raise CheckpointError(
+                f"checkpoint {path}: {name} has sha256 {actual[:12]}.. but {MARKER} "
+                f"records {digest[:12]}..: the folder was modified after commit"
+            )
     if marker["fingerprint"] != marker["files"][WEIGHTS]:
         raise CheckpointError(f"checkpoint {path}: fingerprint does not match the hash of {WEIGHTS}")
     return marker
@@ -290,5 +300,10 @@ def load_checkpoint(
     if restore_rng:
         set_rng_state(torch.load(path / "rng.pt", weights_only=True))
     extra = torch.load(path / "extra_state.pt", weights_only=True)
-    return CheckpointInfo(path=path, step=int(marker["step"]), policy_version=int(marker["policy_version"]),
-                          fingerprint=str(marker["fingerprint"]), extra_state=extra)
+    return CheckpointInfo(
+        path=path,
+        step=int(marker["step"]),
+        policy_version=int(marker["policy_version"]),
+        fingerprint=str(marker["fingerprint"]),
+        extra_state=extra,
+    )

@@ -52,8 +52,14 @@ def make_reference(actor: nn.Module) -> nn.Module:
     return ref
 
 
-def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                   with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Aligned per-token log-probs (and entropies) of ``input_ids`` under ``model``.
 
     input_ids, attention_mask: (B, T). Returns ``(logprobs (B, T), entropy (B, T) or None)`` where

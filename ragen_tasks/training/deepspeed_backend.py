@@ -63,7 +63,9 @@ class DeepSpeedTrainModel:
         import deepspeed
 
         init_distributed()
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(optim))
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=ds_config(optim)
+        )
         self.module: nn.Module = self.engine.module
         self.consecutive_skips = 0
         self._autocast = optim.amp_dtype == "bfloat16" and not torch.cuda.is_available()
@@ -93,8 +95,10 @@ class DeepSpeedTrainModel:
         partitions are rebuilt identically from the module's weights by ``deepspeed.initialize``, so
         the inner optimizer's moments and step are all a resume needs."""
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise NotImplementedError("DeepSpeed checkpoints are single-process for now (each rank holds its own "
-                                      "partition): run the update with world size 1, or use optim.backend=torch")
+            raise NotImplementedError(
+                "DeepSpeed checkpoints are single-process for now (each rank holds its own "
+                "partition): run the update with world size 1, or use optim.backend=torch"
+            )
         inner: torch.optim.Optimizer = self.optimizer.optimizer
         return inner.state_dict()
 

@@ -36,16 +36,35 @@ VOCAB = 64
 
 def tiny_actor(seed: int = 0, *, hidden: int = 64, layers: int = 2, vocab: int = VOCAB) -> Qwen2ForCausalLM:
     """A Qwen2 model shaped like the ``tiny`` preset (small vocab), seeded init, float32."""
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=1, pad_token_id=0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config)
 
 
-def synthetic_trajectories(n_groups: int = 4, group_size: int = 4, seed: int = 0, *, vocab: int = VOCAB,
-                           turns: int = 2, prompt_len: int = 6, resp_len: int = 4, obs_len: int = 3) -> list[Trajectory]:
+def synthetic_trajectories(
+    n_groups: int = 4,
+    group_size: int = 4,
+    seed: int = 0,
+    *,
+    vocab: int = VOCAB,
+    turns: int = 2,
+    prompt_len: int = 6,
+    resp_len: int = 4,
+    obs_len: int = 3,
+) -> list[Trajectory]:
     """Fixed multi-turn trajectories: prompt, then per turn sampled ids + observation ids; varied rewards."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -63,13 +82,32 @@ def synthetic_trajectories(n_groups: int = 4, group_size: int = 4, seed: int = 0
                 rmask += [0] * obs_len
             ids, rmask = ids[: ends[-1]], rmask[: ends[-1]]  # a trajectory ends on the policy's last turn
             turn_rewards = [float((gid + k) % 3) / 2, 0.0 if k % 2 else -0.1][:turns] + [0.0] * max(0, turns - 2)
-            out.append(Trajectory(
-                traj_id=f"g{gid}-{k}", env_name="synthetic", seed=gid, group_id=gid, policy_version=0,
-                weights_fingerprint="", input_ids=ids, response_mask=rmask, loss_mask=list(rmask),
-                rollout_logprobs=[0.0] * len(ids), turn_starts=starts, turn_ends=ends, turn_rewards=turn_rewards,
-                turn_actions=[[] for _ in range(turns)], turn_format_ok=[True] * turns, turn_think=[""] * turns,
-                turn_responses=[""] * turns, turn_observations=[""] * turns, reward=sum(turn_rewards),
-                success=False, status="terminated", prompt_length=prompt_len))
+            out.append(
+                Trajectory(
+                    traj_id=f"g{gid}-{k}",
+                    env_name="synthetic",
+                    seed=gid,
+                    group_id=gid,
+                    policy_version=0,
+                    weights_fingerprint="",
+                    input_ids=ids,
+                    response_mask=rmask,
+                    loss_mask=list(rmask),
+                    rollout_logprobs=[0.0] * len(ids),
+                    turn_starts=starts,
+                    turn_ends=ends,
+                    turn_rewards=turn_rewards,
+                    turn_actions=[[] for _ in range(turns)],
+                    turn_format_ok=[True] * turns,
+                    turn_think=[""] * turns,
+                    turn_responses=[""] * turns,
+                    turn_observations=[""] * turns,
+                    reward=sum(turn_rewards),
+                    success=False,
+                    status="terminated",
+                    prompt_length=prompt_len,
+                )
+            )
     return out
 
 
@@ -77,8 +115,14 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run(root: Path, iterations: int, *, algo_name: str = "gae", kill_after: int | None = None,
-        kill_in_save: tuple[int, str] | None = None) -> dict[str, Any]:
+def run(
+    root: Path,
+    iterations: int,
+    *,
+    algo_name: str = "gae",
+    kill_after: int | None = None,
+    kill_in_save: tuple[int, str] | None = None,
+) -> dict[str, Any]:
     """Train to ``iterations`` (resuming from ``root``'s latest committed checkpoint); return the last metrics."""
     algo = AlgoConfig.model_validate({"advantage": algo_name, "clip_high": 0.28, "filter_keep_ratio": 1.0})
     optim = OptimConfig(lr=1e-3, critic_lr=1e-3, ppo_epochs=2, minibatch_size=8, micro_batch_size=4)
@@ -107,8 +151,15 @@ def run(root: Path, iterations: int, *, algo_name: str = "gae", kill_after: int 
         metrics = ppo_update(batch, actor=actor, critic=critic, algo=algo, optim=optim, generator=generator)
         if kill_in_save is not None and kill_in_save[0] == it:
             _arm_kill_in_save(kill_in_save[1])
-        ckpt.save_checkpoint(root, it, actor=actor_module, optimizers=optimizers, models=models,
-                             extra_state={"generator": generator.get_state()}, keep_last=2)
+        ckpt.save_checkpoint(
+            root,
+            it,
+            actor=actor_module,
+            optimizers=optimizers,
+            models=models,
+            extra_state={"generator": generator.get_state()},
+            keep_last=2,
+        )
         if kill_after == it:
             _kill_self()
     return metrics

@@ -94,13 +94,19 @@ def ppo_update(
     """
     t0 = time.perf_counter()
     if algo.advantage == "gae" and critic is None:
-        raise ValueError("algo.advantage='gae' needs a critic: pass critic=make_train_model(make_critic(actor), ...) "
-                         "or set algo.advantage to 'grpo' / 'batch_norm'")
+        raise ValueError(
+            "algo.advantage='gae' needs a critic: pass critic=make_train_model(make_critic(actor), ...) "
+            "or set algo.advantage to 'grpo' / 'batch_norm'"
+        )
     if algo.kl_mode != "none" and ref_model is None:
-        raise ValueError(f"algo.kl_mode={algo.kl_mode!r} needs ref_model=make_reference(actor), or set algo.kl_mode='none'")
+        raise ValueError(
+            f"algo.kl_mode={algo.kl_mode!r} needs ref_model=make_reference(actor), or set algo.kl_mode='none'"
+        )
     if algo.kl_mode == "in_reward" and algo.advantage != "gae":
-        raise ValueError(f"algo.kl_mode='in_reward' shapes token rewards, which only GAE uses; with "
-                         f"algo.advantage={algo.advantage!r} use kl_mode='in_loss'")
+        raise ValueError(
+            f"algo.kl_mode='in_reward' shapes token rewards, which only GAE uses; with "
+            f"algo.advantage={algo.advantage!r} use kl_mode='in_loss'"
+        )
     metrics: dict[str, float] = {"batch/trajectories": float(batch.batch_size)}
     micro = optim.micro_batch_size
     device = batch.input_ids.device
@@ -110,8 +116,9 @@ def ppo_update(
     # response_mask unless agent.loss_on_observations also trains on observation tokens.
     advantages: torch.Tensor | None = None
     if algo.advantage == "grpo":
-        advantages = grpo_advantages(batch.rewards, batch.group_ids, batch.loss_mask,
-                                     scale_by_std=algo.grpo_scale_by_std)
+        advantages = grpo_advantages(
+            batch.rewards, batch.group_ids, batch.loss_mask, scale_by_std=algo.grpo_scale_by_std
+        )
     elif algo.advantage == "batch_norm":
         advantages = batch_norm_advantages(batch.rewards, batch.loss_mask)
     if advantages is not None:
@@ -127,7 +134,9 @@ def ppo_update(
     # 2. no-grad forward passes on the kept rows
     actor.module.eval()
     old_logprobs = _forward_logprobs(actor.module, batch, micro, actor)  # (B, T)
-    ref_logprobs = _forward_logprobs(ref_model, batch, micro) if ref_model is not None and algo.kl_mode != "none" else None
+    ref_logprobs = (
+        _forward_logprobs(ref_model, batch, micro) if ref_model is not None and algo.kl_mode != "none" else None
+    )
     rmask = batch.response_mask  # (B, T) 1 = token sampled by the policy
     lmask = batch.loss_mask  # (B, T) 1 = token trained on
     diff = (old_logprobs - batch.rollout_logprobs).abs() * rmask
@@ -142,8 +151,9 @@ def ppo_update(
         rewards = token_level_rewards(batch.rewards, rmask)  # (B, T): R on the last sampled token
         if algo.kl_mode == "in_reward":
             assert ref_logprobs is not None
-            rewards, kl_metrics = kl_in_reward(rewards, old_logprobs, ref_logprobs, rmask,
-                                               kl_coef=algo.kl_coef, estimator=algo.kl_estimator)
+            rewards, kl_metrics = kl_in_reward(
+                rewards, old_logprobs, ref_logprobs, rmask, kl_coef=algo.kl_coef, estimator=algo.kl_estimator
+            )
             metrics.update({k: float(v) for k, v in kl_metrics.items()})
         advantages, returns = gae_advantages(rewards, old_values, rmask, gamma=algo.gamma, lam=algo.lam)
     assert advantages is not None
@@ -172,16 +182,36 @@ def ppo_update(
                 weight = float(rows.numel()) / mb_rows.numel()  # metric weight of this micro-batch
                 last = i == n_micro - 1
                 with actor.forward_context():  # entropy: for the bonus, else as a metric on micro-batch 0
-                    logprobs, entropy = token_logprobs(actor.module, mb.input_ids, mb.attention_mask,
-                                                       with_entropy=algo.entropy_coef > 0 or i == 0,
-                                                       entropy_grad=algo.entropy_coef > 0)  # (b, t)
-                loss, m = ppo_policy_loss(logprobs, old_lp, adv, mb.loss_mask, clip_low=algo.clip_low,
-                                          clip_high=algo.clip_high, dual_clip_c=algo.dual_clip_c, agg=algo.loss_agg,
-                                          entropy=entropy, entropy_coef=algo.entropy_coef, denominator=denom)
+                    logprobs, entropy = token_logprobs(
+                        actor.module,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        with_entropy=algo.entropy_coef > 0 or i == 0,
+                        entropy_grad=algo.entropy_coef > 0,
+                    )  # (b, t)
+                loss, m = ppo_policy_loss(
+                    logprobs,
+                    old_lp,
+                    adv,
+                    mb.loss_mask,
+                    clip_low=algo.clip_low,
+                    clip_high=algo.clip_high,
+                    dual_clip_c=algo.dual_clip_c,
+                    agg=algo.loss_agg,
+                    entropy=entropy,
+                    entropy_coef=algo.entropy_coef,
+                    denominator=denom,
+                )
                 if algo.kl_mode == "in_loss":
                     assert ref_logprobs is not None
-                    kl, km = kl_loss(logprobs, ref_logprobs[rows, :t], mb.loss_mask, estimator=algo.kl_estimator,
-                                     agg=algo.loss_agg, denominator=denom)
+                    kl, km = kl_loss(
+                        logprobs,
+                        ref_logprobs[rows, :t],
+                        mb.loss_mask,
+                        estimator=algo.kl_estimator,
+                        agg=algo.loss_agg,
+                        denominator=denom,
+                    )
                     loss = loss + algo.kl_coef * kl
                     m.update(km)
                 actor.backward(loss, last_micro_batch=last)
@@ -196,8 +226,15 @@ def ppo_update(
                     assert returns is not None and old_values is not None
                     with critic.forward_context():
                         values = critic.module(mb.input_ids, mb.attention_mask).float()  # (b, t)
-                    vloss, vm = value_loss(values, old_values[rows, :t], returns[rows, :t], mb.loss_mask,
-                                           clip_range=algo.value_clip, agg=algo.loss_agg, denominator=denom)
+                    vloss, vm = value_loss(
+                        values,
+                        old_values[rows, :t],
+                        returns[rows, :t],
+                        mb.loss_mask,
+                        clip_range=algo.value_clip,
+                        agg=algo.loss_agg,
+                        denominator=denom,
+                    )
                     critic.backward(vloss, last_micro_batch=last)
                     for k, v in vm.items():
                         mb_metrics[k] = mb_metrics[k] + weight * v.detach()
@@ -214,15 +251,21 @@ def ppo_update(
             else:
                 skipped += 1
                 actor.consecutive_skips += 1
-                log.warning("non-finite gradient norm (actor %s): optimizer step skipped (%d in a row)",
-                            grad_norm, actor.consecutive_skips)
+                log.warning(
+                    "non-finite gradient norm (actor %s): optimizer step skipped (%d in a row)",
+                    grad_norm,
+                    actor.consecutive_skips,
+                )
                 if actor.consecutive_skips >= optim.max_consecutive_skips:
                     raise NonFiniteUpdateError(
                         f"{actor.consecutive_skips} optimizer steps in a row had a non-finite gradient norm "
                         f"(optim.max_consecutive_skips={optim.max_consecutive_skips}): the loss or the model has "
-                        "diverged; lower optim.lr, check the batch's rewards / log-probs, or roll back to the last checkpoint")
+                        "diverged; lower optim.lr, check the batch's rewards / log-probs, or roll back to the last checkpoint"
+                    )
             if steps + skipped == 1:  # the first minibatch is on-policy: its clip fractions must be 0
-                metrics["actor/first_clipfrac"] = float(mb_metrics["actor/clipfrac_low"] + mb_metrics["actor/clipfrac_high"])
+                metrics["actor/first_clipfrac"] = float(
+                    mb_metrics["actor/clipfrac_low"] + mb_metrics["actor/clipfrac_high"]
+                )
             for k, v in mb_metrics.items():
                 sums[k] += float(v)
                 counts[k] += 1
@@ -230,11 +273,13 @@ def ppo_update(
     # 6. metrics
     metrics.update({k: sums[k] / counts[k] for k in sums})
     elapsed = time.perf_counter() - t0
-    metrics.update({
-        "actor/steps": float(steps),
-        "actor/skipped_steps": float(skipped),
-        "timing/update_s": elapsed,
-        "perf/tokens": float(tokens),
-        "perf/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-    })
+    metrics.update(
+        {
+            "actor/steps": float(steps),
+            "actor/skipped_steps": float(skipped),
+            "timing/update_s": elapsed,
+            "perf/tokens": float(tokens),
+            "perf/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        }
+    )
     return metrics

@@ -67,8 +67,9 @@ class DemonstratorEngine:
     one env per task, in task order, which binds each session id to its env.
     """
 
-    def __init__(self, tokenizer: Any, tasks: Sequence[RolloutTask], agent: AgentConfig, *, seed: int,
-                 noise: float) -> None:
+    def __init__(
+        self, tokenizer: Any, tasks: Sequence[RolloutTask], agent: AgentConfig, *, seed: int, noise: float
+    ) -> None:
         self.tokenizer = tokenizer
         self.agent = agent
         self.noise = noise
@@ -103,13 +104,29 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
     tasks = make_group_tasks(config.envs, groups, 1, seed, iteration=999_999, seed_space=config.eval.seed_offset)
     engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed, noise=config.warm_start.demo_noise)
     sampling = SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn)
-    return run_rollouts(engine, tokenizer, tasks, agent=config.agent, sampling=sampling, policy_version=0,
-                        weights_fingerprint="demonstrations", env_factory=engine.env_factory)
+    return run_rollouts(
+        engine,
+        tokenizer,
+        tasks,
+        agent=config.agent,
+        sampling=sampling,
+        policy_version=0,
+        weights_fingerprint="demonstrations",
+        env_factory=engine.env_factory,
+    )
 
 
-def supervised_steps(model: torch.nn.Module, trajectories: Sequence[Trajectory], *, steps: int, batch_size: int,
-                     lr: float, seed: int, pad_id: int,
-                     on_step: Callable[[int, float], None] | None = None) -> list[float]:
+def supervised_steps(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Cross-entropy on the response tokens (loss_mask = 1) of ``trajectories``; returns the losses."""
     batch = collate(list(trajectories), pad_id=pad_id)
     generator = torch.Generator().manual_seed(seed)
@@ -136,17 +153,26 @@ def supervised_steps(model: torch.nn.Module, trajectories: Sequence[Trajectory],
     return losses
 
 
-def bandit_choice_rate(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, episodes: int = 64,
-                       temperature: float = 1.0) -> float | None:
+def bandit_choice_rate(
+    model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, episodes: int = 64, temperature: float = 1.0
+) -> float | None:
     """Fraction of held-out Bandit episodes in which the policy picks the higher-EV arm (None: no Bandit)."""
     specs = [s for s in config.envs if s.name == "bandit"]
     if not specs:
         return None
     tasks = make_eval_tasks(specs[:1], episodes, config.eval.seed_offset)
-    sampling = SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn, temperature=temperature,
-                              seed=config.seed)
-    trajectories = run_rollouts(HFEngine(model, tokenizer), tokenizer, tasks, agent=config.agent, sampling=sampling,
-                                policy_version=0, weights_fingerprint="warm-start")
+    sampling = SamplingParams(
+        max_new_tokens=config.agent.max_tokens_per_turn, temperature=temperature, seed=config.seed
+    )
+    trajectories = run_rollouts(
+        HFEngine(model, tokenizer),
+        tokenizer,
+        tasks,
+        agent=config.agent,
+        sampling=sampling,
+        policy_version=0,
+        weights_fingerprint="warm-start",
+    )
     return float(np.mean([t.success for t in trajectories]))
 
 
@@ -156,8 +182,16 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, p
     demos = demonstrations(tokenizer, config, seed=config.seed)
     log.info("warm start: %d demonstration episodes, %d supervised steps", len(demos), ws.steps)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    losses = supervised_steps(model, demos, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr, seed=config.seed,
-                              pad_id=pad_id, on_step=progress)
+    losses = supervised_steps(
+        model,
+        demos,
+        steps=ws.steps,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        seed=config.seed,
+        pad_id=pad_id,
+        on_step=progress,
+    )
     result: dict[str, Any] = {
         "episodes": len(demos),
         "steps": ws.steps,

@@ -53,7 +53,9 @@ class BatchLimits:
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.reward_min) and np.isfinite(self.reward_max) and self.reward_min <= self.reward_max):
-            raise ValueError(f"BatchLimits: reward bounds [{self.reward_min}, {self.reward_max}] must be finite and ordered")
+            raise ValueError(
+                f"BatchLimits: reward bounds [{self.reward_min}, {self.reward_max}] must be finite and ordered"
+            )
         if self.max_tokens < 1 or self.max_turns < 1:
             raise ValueError(f"BatchLimits: max_tokens={self.max_tokens} and max_turns={self.max_turns} must be >= 1")
 
@@ -84,9 +86,20 @@ _DERIVED: dict[str, tuple[str, ...]] = {
     "status": ("status",),
     "num_tokens": ("input_ids",),
     "num_turns": ("turn_starts",),
-    "lists_aligned": ("input_ids", "response_mask", "loss_mask", "rollout_logprobs", "turn_starts", "turn_ends",
-                      "turn_rewards", "turn_actions", "turn_format_ok", "turn_think", "turn_responses",
-                      "turn_observations"),
+    "lists_aligned": (
+        "input_ids",
+        "response_mask",
+        "loss_mask",
+        "rollout_logprobs",
+        "turn_starts",
+        "turn_ends",
+        "turn_rewards",
+        "turn_actions",
+        "turn_format_ok",
+        "turn_think",
+        "turn_responses",
+        "turn_observations",
+    ),
     "masks_well_formed": ("input_ids", "response_mask", "loss_mask", "prompt_length"),
     "policy_loss_tokens": ("input_ids", "response_mask", "loss_mask"),
     "logprobs_finite": ("rollout_logprobs",),
@@ -137,16 +150,24 @@ def batch_frame(table: pa.Table) -> pd.DataFrame:
         cols["reward_finite"] = np.isfinite(table.column("reward").to_numpy()) & (bad_turns == 0)
     if has("logprobs_finite"):
         lp = pc.list_flatten(table.column("rollout_logprobs")).to_numpy(zero_copy_only=False)  # (sum T,)
-        cols["logprobs_finite"] = _per_row_sum(table.column("rollout_logprobs"), (~np.isfinite(lp)).astype(np.float64),
-                                               n) == 0
+        cols["logprobs_finite"] = (
+            _per_row_sum(table.column("rollout_logprobs"), (~np.isfinite(lp)).astype(np.float64), n) == 0
+        )
     aligned = np.ones(n, dtype=bool)
     if has("lists_aligned"):
         t_len = pc.list_value_length(table.column("input_ids")).to_numpy()  # (n,) T per trajectory
         for name in ("response_mask", "loss_mask", "rollout_logprobs"):
             aligned &= pc.list_value_length(table.column(name)).to_numpy() == t_len
         n_turns = pc.list_value_length(table.column("turn_starts")).to_numpy()
-        for name in ("turn_ends", "turn_rewards", "turn_actions", "turn_format_ok", "turn_think", "turn_responses",
-                     "turn_observations"):
+        for name in (
+            "turn_ends",
+            "turn_rewards",
+            "turn_actions",
+            "turn_format_ok",
+            "turn_think",
+            "turn_responses",
+            "turn_observations",
+        ):
             aligned &= pc.list_value_length(table.column(name)).to_numpy() == n_turns
         cols["lists_aligned"] = aligned
     if has("masks_well_formed") and has("policy_loss_tokens") and has("lists_aligned"):
@@ -221,14 +242,20 @@ def expectation_name(config: Any) -> str:
     return f"{config.type}({column})" if column else str(config.type)
 
 
-def validate_table(table: pa.Table, *, limits: BatchLimits, policy_version: int, weights_fingerprint: str) -> ValidationOutcome:
+def validate_table(
+    table: pa.Table, *, limits: BatchLimits, policy_version: int, weights_fingerprint: str
+) -> ValidationOutcome:
     """Run the suite on a batch table; no I/O. ``policy_version``/fingerprint: the manifest's."""
     frame = batch_frame(table)
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     result = batch.validate(build_suite(limits, policy_version, weights_fingerprint), result_format="BASIC")
     failed = [expectation_name(r.expectation_config) for r in result.results if not r.success]
-    as_json: dict[str, Any] = {"success": bool(result.success), "failed": failed, "num_rows": table.num_rows,
-                               "schema_problems": schema_problems(table)}
+    as_json: dict[str, Any] = {
+        "success": bool(result.success),
+        "failed": failed,
+        "num_rows": table.num_rows,
+        "schema_problems": schema_problems(table),
+    }
     if not result.success:  # the full GX result (observed / unexpected values) only when needed
         as_json["gx"] = result.to_json_dict()
     return ValidationOutcome(success=bool(result.success), failed=failed, result=as_json)
@@ -239,11 +266,14 @@ def validate_stored_batch(
 ) -> tuple[list[Trajectory], Manifest]:
     """Read a committed batch and validate it; on failure quarantine it and raise BatchValidationError."""
     table, manifest = store.read_table(run_id, iteration, stage, name)
-    outcome = validate_table(table, limits=limits, policy_version=manifest.policy_version,
-                             weights_fingerprint=manifest.weights_fingerprint)
+    outcome = validate_table(
+        table, limits=limits, policy_version=manifest.policy_version, weights_fingerprint=manifest.weights_fingerprint
+    )
     if not outcome.success:
         where = store.quarantine(run_id, iteration, stage, name, outcome.result)
-        problems = f"; schema problems: {outcome.result['schema_problems']}" if outcome.result["schema_problems"] else ""
+        problems = (
+            f"; schema problems: {outcome.result['schema_problems']}" if outcome.result["schema_problems"] else ""
+        )
         raise BatchValidationError(
             f"batch {store.uri(run_id, iteration, stage)} failed validation: {', '.join(outcome.failed)}{problems}. "
             f"It was moved to {where} (validation result beside it) and will not be trained on.",

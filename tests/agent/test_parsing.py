@@ -23,7 +23,9 @@ def test_arbitrary_text_never_raises(text: str, think: bool) -> None:
 
 
 _tagless = st.text(alphabet=st.characters(blacklist_characters="<>|"), max_size=40)
-_action = st.tuples(st.sampled_from(NAMES), st.sampled_from(["lower", "upper", "same"]), st.sampled_from(["", " ", "\n"]))
+_action = st.tuples(
+    st.sampled_from(NAMES), st.sampled_from(["lower", "upper", "same"]), st.sampled_from(["", " ", "\n"])
+)
 
 
 def _spell(item: tuple[str, str, str]) -> str:

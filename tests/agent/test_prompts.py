@@ -7,19 +7,38 @@ from ragen_tasks.agent.prompts import followup_message, initial_messages, task_d
 
 def test_initial_messages_hold_every_part() -> None:
     msgs = initial_messages(
-        env_name="sokoban", action_names=("Up", "Down", "Left", "Right"), legend={"#": "wall", "P": "player"},
-        board="#P#", actions_left=7, max_actions_per_turn=3, think=True,
+        env_name="sokoban",
+        action_names=("Up", "Down", "Left", "Right"),
+        legend={"#": "wall", "P": "player"},
+        board="#P#",
+        actions_left=7,
+        max_actions_per_turn=3,
+        think=True,
     )
     assert [m["role"] for m in msgs] == ["system", "user"]
     user = msgs[1]["content"]
-    for part in ("Sokoban", "# = wall", "P = player", "Up, Down, Left, Right", "Actions left: 7", "<think>", "1 to 3", "#P#"):
+    for part in (
+        "Sokoban",
+        "# = wall",
+        "P = player",
+        "Up, Down, Left, Right",
+        "Actions left: 7",
+        "<think>",
+        "1 to 3",
+        "#P#",
+    ):
         assert part in user, part
 
 
 def test_no_think_format_and_single_action() -> None:
     user = initial_messages(
-        env_name="frozen_lake", action_names=("Left",), legend={}, board="P", actions_left=1,
-        max_actions_per_turn=1, think=False,
+        env_name="frozen_lake",
+        action_names=("Left",),
+        legend={},
+        board="P",
+        actions_left=1,
+        max_actions_per_turn=1,
+        think=False,
     )[1]["content"]
     assert "<think>" not in user and "<answer>" in user and "exactly one action" in user
 
@@ -35,4 +54,6 @@ def test_bandit_names_both_arms_and_hides_payoffs() -> None:
 def test_followup_message() -> None:
     msg = followup_message(board="_P_", reward=-0.1, actions_left=2, format_ok=False)
     assert msg["role"] == "user"
-    assert "invalid" in msg["content"] and "-0.1" in msg["content"] and "2" in msg["content"] and "_P_" in msg["content"]
+    assert (
+        "invalid" in msg["content"] and "-0.1" in msg["content"] and "2" in msg["content"] and "_P_" in msg["content"]
+    )

@@ -7,8 +7,16 @@ import random
 from ragen_tasks.data.trajectory import Trajectory
 
 
-def make_trajectory(i: int, *, tokens: int = 40, turns: int = 2, policy_version: int = 3,
-                    fingerprint: str = "f" * 64, prompt: int = 10, seed: int = 0) -> Trajectory:
+def make_trajectory(
+    i: int,
+    *,
+    tokens: int = 40,
+    turns: int = 2,
+    policy_version: int = 3,
+    fingerprint: str = "f" * 64,
+    prompt: int = 10,
+    seed: int = 0,
+) -> Trajectory:
     """A consistent episode: prompt, then per turn a response span followed by an observation span."""
     rng = random.Random(seed * 1_000_003 + i)
     span = (tokens - prompt) // turns
@@ -23,13 +31,29 @@ def make_trajectory(i: int, *, tokens: int = 40, turns: int = 2, policy_version:
     mask += [0] * (tokens - len(mask))
     rewards = [round(rng.uniform(-1, 1), 3) for _ in range(turns)]
     return Trajectory(
-        traj_id=f"t{i:05d}", env_name="frozen_lake", seed=i, group_id=i // 4, policy_version=policy_version,
-        weights_fingerprint=fingerprint, input_ids=[rng.randrange(50_000) for _ in range(tokens)],
-        response_mask=mask, loss_mask=list(mask),
-        rollout_logprobs=[-rng.random() if m else 0.0 for m in mask],  # float32-exact not needed: compared after a round trip
-        turn_starts=starts, turn_ends=ends, turn_rewards=rewards, turn_actions=[["Left", "Up"]] * turns,
-        turn_format_ok=[True] * turns, turn_think=["think"] * turns, turn_responses=["<answer>Left</answer>"] * turns,
-        turn_observations=["P_\n_G"] * turns, reward=sum(rewards), success=bool(i % 2), status="terminated",
+        traj_id=f"t{i:05d}",
+        env_name="frozen_lake",
+        seed=i,
+        group_id=i // 4,
+        policy_version=policy_version,
+        weights_fingerprint=fingerprint,
+        input_ids=[rng.randrange(50_000) for _ in range(tokens)],
+        response_mask=mask,
+        loss_mask=list(mask),
+        rollout_logprobs=[
+            -rng.random() if m else 0.0 for m in mask
+        ],  # float32-exact not needed: compared after a round trip
+        turn_starts=starts,
+        turn_ends=ends,
+        turn_rewards=rewards,
+        turn_actions=[["Left", "Up"]] * turns,
+        turn_format_ok=[True] * turns,
+        turn_think=["think"] * turns,
+        turn_responses=["<answer>Left</answer>"] * turns,
+        turn_observations=["P_\n_G"] * turns,
+        reward=sum(rewards),
+        success=bool(i % 2),
+        status="terminated",
         prompt_length=prompt,
     )
 

@@ -77,8 +77,9 @@ def test_report_counts_and_length_bias() -> None:
     stale = [factory.make_trajectory(i, tokens=90, turns=3, policy_version=2, fingerprint=fp(2)) for i in range(3)]
     future = [factory.make_trajectory(0, tokens=50, turns=2, policy_version=7, fingerprint=fp(7))]
     wrong = [factory.make_trajectory(1, tokens=50, turns=2, policy_version=4, fingerprint="bad")]
-    report = freshness_report(fresh + stale + future + wrong, current_version=5, known_fingerprints=known,
-                              max_staleness=1)
+    report = freshness_report(
+        fresh + stale + future + wrong, current_version=5, known_fingerprints=known, max_staleness=1
+    )
     assert report.counts == {"ok": 6, "stale": 3, "future": 1, "unknown_fingerprint": 1}
     assert report.accepted == fresh and len(report.rejected) == 5
     assert report.accepted_lengths.tokens_mean == 30 and report.accepted_lengths.turns_histogram == {1: 6}

@@ -16,16 +16,42 @@ SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @pytest.mark.parametrize(
-    "run_id", ["..", "../x", "a/../../etc", "/abs", "a/b", "a\\b", "", " ", ".hidden", "a..b", "x" * 129, "é",
-               "a\x00b", "-lead", "run id", None, 3],
+    "run_id",
+    [
+        "..",
+        "../x",
+        "a/../../etc",
+        "/abs",
+        "a/b",
+        "a\\b",
+        "",
+        " ",
+        ".hidden",
+        "a..b",
+        "x" * 129,
+        "é",
+        "a\x00b",
+        "-lead",
+        "run id",
+        None,
+        3,
+    ],
 )
 def test_bad_run_ids_refused(run_id: object) -> None:
     with pytest.raises(UnsafeKeyError, match="run_id"):
         manifest_key(run_id, 0, "rollouts", "trajectories")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [("run", -1, "batch"), ("run", 10**6, "batch"), ("run", True, "batch"),
-                                 ("run", 0, "../batch"), ("run", 0, "weights")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("run", -1, "batch"),
+        ("run", 10**6, "batch"),
+        ("run", True, "batch"),
+        ("run", 0, "../batch"),
+        ("run", 0, "weights"),
+    ],
+)
 def test_bad_iteration_and_stage_refused(bad: tuple[object, object, object]) -> None:
     with pytest.raises(UnsafeKeyError):
         manifest_key(*bad, "trajectories")  # type: ignore[arg-type]

@@ -62,7 +62,9 @@ def test_retry_returns_existing_manifest_without_rewriting(store_root: str) -> N
     store = Store(store_root)
     first = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(4), **W)
     before = _stage_files(store)
-    second = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(6, seed=9), **{**W, "producer": "retry"})
+    second = store.write_trajectories(
+        "run1", 0, "rollouts", factory.make_batch(6, seed=9), **{**W, "producer": "retry"}
+    )
     assert second == first and _stage_files(store) == before
     assert len(store.read_trajectories("run1", 0, "rollouts")[0]) == 4
 
@@ -154,7 +156,9 @@ def test_racing_batch_writers_agree_on_one_manifest(store_root: str) -> None:
 
     def write(i: int) -> None:
         barrier.wait()
-        out[i] = store.write_trajectories("run1", 0, "batch", factory.make_batch(3, seed=i), **{**W, "producer": f"w{i}"})
+        out[i] = store.write_trajectories(
+            "run1", 0, "batch", factory.make_batch(3, seed=i), **{**W, "producer": f"w{i}"}
+        )
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
     for t in threads:
@@ -255,7 +259,10 @@ def test_uri_and_relative_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.chdir(tmp_path)
     store = Store("runs")
     assert store.root_uri == f"file://{tmp_path}/runs"
-    assert store.uri("r1", 3, "batch", "trajectories") == f"file://{tmp_path}/runs/r1/iter_000003/batch/trajectories.manifest.json"
+    assert (
+        store.uri("r1", 3, "batch", "trajectories")
+        == f"file://{tmp_path}/runs/r1/iter_000003/batch/trajectories.manifest.json"
+    )
     assert store.uri("r1", 3) == f"file://{tmp_path}/runs/r1/iter_000003"
 
 

@@ -27,9 +27,17 @@ from ragen_tasks.presets import load_config
 from tests.flows.conftest import TINY_RUN, prefect_api  # noqa: F401  (the fixture, for the process tests)
 
 ROOT = Path(__file__).resolve().parents[2]
-ASYNC_RUN = {**TINY_RUN, "warm_start.enabled": False, "eval.seeds": 1, "eval.every": 100,
-             "rollout.mode": "async", "rollout.async_poll_s": 0.1, "rollout.async_warn_after_s": 20.0,
-             "rollout.async_wait_timeout_s": 90.0, "freshness.max_staleness": 0}
+ASYNC_RUN = {
+    **TINY_RUN,
+    "warm_start.enabled": False,
+    "eval.seeds": 1,
+    "eval.every": 100,
+    "rollout.mode": "async",
+    "rollout.async_poll_s": 0.1,
+    "rollout.async_warn_after_s": 20.0,
+    "rollout.async_wait_timeout_s": 90.0,
+    "freshness.max_staleness": 0,
+}
 
 
 def _new_run(root: str, run_id: str, iterations: int, **extra: Any) -> pipeline.Run:
@@ -44,8 +52,9 @@ def _train_iteration(run: pipeline.Run, k: int) -> dict[str, Any]:
     consumed = async_rollout.consume_batch(run, k)
     batch = pipeline.filter_and_validate(run, k)
     updated = pipeline.update(run, k)
-    pipeline.record_iteration(run, k, {"iteration": k, **batch, **updated,
-                                       "policy/next_step": int(updated["checkpoint/step"])})
+    pipeline.record_iteration(
+        run, k, {"iteration": k, **batch, **updated, "policy/next_step": int(updated["checkpoint/step"])}
+    )
     return consumed
 
 
@@ -53,8 +62,9 @@ def _ids(run: pipeline.Run, k: int, stage: str, name: str = "trajectories") -> s
     return {t.traj_id for t in run.store.read_trajectories(run.run_id, k, stage, name)[0]}
 
 
-def test_stale_and_forged_batches_are_rejected_and_never_trained_on(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_stale_and_forged_batches_are_rejected_and_never_trained_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run = _new_run(str(tmp_path / "runs"), "async-stale", 2)
     uri = run.store.uri(run.run_id)
     # Two workers roll out with policy version 0; the trainer consumes one at iteration 0.
@@ -69,8 +79,16 @@ def test_stale_and_forged_batches_are_rejected_and_never_trained_on(tmp_path: Pa
     (src_version, src_item) = next((v, n) for v, n in async_rollout.list_worker_items(run) if v == 1)
     good, _ = run.store.read_trajectories(run.run_id, src_version, "rollouts", src_item)
     forged = [dataclasses.replace(t, traj_id=f"forged-{i}", weights_fingerprint="0" * 64) for i, t in enumerate(good)]
-    run.store.write_trajectories(run.run_id, 1, "rollouts", forged, producer="test", policy_version=1,
-                                 weights_fingerprint="0" * 64, name="w-forged-000000")
+    run.store.write_trajectories(
+        run.run_id,
+        1,
+        "rollouts",
+        forged,
+        producer="test",
+        policy_version=1,
+        weights_fingerprint="0" * 64,
+        name="w-forged-000000",
+    )
 
     with caplog.at_level(logging.WARNING, logger="ragen_tasks.async_rollout"):
         second = _train_iteration(run, 1)
@@ -98,13 +116,20 @@ def test_stale_and_forged_batches_are_rejected_and_never_trained_on(tmp_path: Pa
     assert len(list((tmp_path / "runs" / run.run_id / "iter_000001" / "rollouts").glob("trajectories-*.parquet"))) == 1
 
 
-def test_no_fresh_batch_is_a_bounded_wait_naming_max_staleness(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
-    run = _new_run(str(tmp_path / "runs"), "async-deadlock", 1,
-                   **{"rollout.async_warn_after_s": 0.2, "rollout.async_wait_timeout_s": 0.6})
+def test_no_fresh_batch_is_a_bounded_wait_naming_max_staleness(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _new_run(
+        str(tmp_path / "runs"),
+        "async-deadlock",
+        1,
+        **{"rollout.async_warn_after_s": 0.2, "rollout.async_wait_timeout_s": 0.6},
+    )
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="ragen_tasks.async_rollout"), \
-            pytest.raises(TimeoutError, match=r"freshness\.max_staleness=0"):
+    with (
+        caplog.at_level(logging.WARNING, logger="ragen_tasks.async_rollout"),
+        pytest.raises(TimeoutError, match=r"freshness\.max_staleness=0"),
+    ):
         async_rollout.consume_batch(run, 0)
     assert time.monotonic() - t0 < 10
     assert any("still waiting" in r.message for r in caplog.records)
@@ -120,8 +145,9 @@ def test_worker_stops_when_no_new_checkpoint_arrives(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ processes on the loopback S3 server
 def _spawn(code: str, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 @pytest.mark.slow
@@ -133,15 +159,30 @@ def test_two_worker_processes_and_a_trainer_on_s3_survive_a_killed_worker(tmp_pa
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="async-runs")
     root, run_id, iterations = "s3://async-runs/runs", "async-mp", 3
     overrides = {**ASYNC_RUN, "iterations": iterations, "rollout.async_poll_s": 0.2}
-    base_env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "HF_HUB_OFFLINE": "1",
-                "PYTHONPATH": str(ROOT)}
+    base_env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     env = {name: {**base_env, "RAGEN_SCRATCH": str(tmp_path / f"scratch-{name}")} for name in ("trainer", "a", "b")}
-    trainer = _spawn("import json, sys\nfrom flows.train import train\n"
-                     f"train(preset='bandit-tiny', overrides=json.loads(sys.argv[1]), run_id={run_id!r}, "
-                     f"store_root={root!r})", env["trainer"], tmp_path / "trainer.log", json.dumps(overrides))
-    workers = {w: _spawn("from flows.rollout_worker import rollout_worker\n"
-                         f"rollout_worker(run_id={run_id!r}, store_root={root!r}, worker={w!r}, idle_timeout_s=90)",
-                         env[w], tmp_path / f"worker-{w}.log") for w in ("a", "b")}
+    trainer = _spawn(
+        "import json, sys\nfrom flows.train import train\n"
+        f"train(preset='bandit-tiny', overrides=json.loads(sys.argv[1]), run_id={run_id!r}, "
+        f"store_root={root!r})",
+        env["trainer"],
+        tmp_path / "trainer.log",
+        json.dumps(overrides),
+    )
+    workers = {
+        w: _spawn(
+            "from flows.rollout_worker import rollout_worker\n"
+            f"rollout_worker(run_id={run_id!r}, store_root={root!r}, worker={w!r}, idle_timeout_s=90)",
+            env[w],
+            tmp_path / f"worker-{w}.log",
+        )
+        for w in ("a", "b")
+    }
     procs = [trainer, *workers.values()]
     try:
         # Kill worker a mid-batch: it has fetched checkpoint 1 (so it is rolling out with it) but not

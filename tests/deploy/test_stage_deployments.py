@@ -29,12 +29,17 @@ async def _setup_pool_and_deployments() -> dict[str, str]:
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=POOL, type="process"), overwrite=True)
         ids = {}
-        for name, entry in (("rollout-stage", "flows/stages.py:rollout_stage"),
-                            ("update-stage", "flows/stages.py:update_stage")):
+        for name, entry in (
+            ("rollout-stage", "flows/stages.py:rollout_stage"),
+            ("update-stage", "flows/stages.py:update_stage"),
+        ):
             flow = load_flow_from_entrypoint(str(ROOT / entry))
             flow_id = await client.create_flow_from_name(flow.name)
-            ids[name] = str(await client.create_deployment(flow_id=flow_id, name=name, entrypoint=entry, path=str(ROOT),
-                                                           work_pool_name=POOL))
+            ids[name] = str(
+                await client.create_deployment(
+                    flow_id=flow_id, name=name, entrypoint=entry, path=str(ROOT), work_pool_name=POOL
+                )
+            )
         return ids
 
 
@@ -43,7 +48,9 @@ async def _flow_run_states(deployment_id: str) -> list[str]:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     async with get_client() as client:
-        runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+        )
         return [r.state.type.value if r.state else "NONE" for r in runs]
 
 
@@ -53,20 +60,39 @@ def test_rollout_stage_runs_as_a_deployment_on_a_process_worker(tmp_path: Path) 
     from prefect.settings import PREFECT_API_URL
 
     ids = asyncio.run(_setup_pool_and_deployments())
-    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "HF_HUB_OFFLINE": "1",
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "HF_HUB_OFFLINE": "1",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
-                              cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         from prefect import flow
 
         from flows import stages
         from ragen_tasks.presets import load_config
 
-        config = load_config("bandit-tiny", {**TINY_RUN, "iterations": 1, "warm_start.enabled": False, "eval.seeds": 1,
-                                             "rollout.mode": "deployment", "rollout.stage_timeout_s": 180,
-                                             "store.root": str(tmp_path / "runs")})
+        config = load_config(
+            "bandit-tiny",
+            {
+                **TINY_RUN,
+                "iterations": 1,
+                "warm_start.enabled": False,
+                "eval.seeds": 1,
+                "rollout.mode": "deployment",
+                "rollout.stage_timeout_s": 180,
+                "store.root": str(tmp_path / "runs"),
+            },
+        )
         run = pipeline.open_run(config, "stages")
         pipeline.init_run(run)
         pipeline.generate_tasks(run, 0)

@@ -63,7 +63,9 @@ def test_regression_gate(trained: dict[str, Any], tmp_path: Path) -> None:
     shutil.copytree(checkpoint, damaged)
     weights = load_file(damaged / ckpt.WEIGHTS)
     generator = torch.Generator().manual_seed(0)
-    weights = {k: (v[torch.randperm(v.shape[0], generator=generator)] if v.dim() == 2 else v) for k, v in weights.items()}
+    weights = {
+        k: (v[torch.randperm(v.shape[0], generator=generator)] if v.dim() == 2 else v) for k, v in weights.items()
+    }
     save_file(weights, damaged / ckpt.WEIGHTS, metadata={"format": "pt"})
     (damaged / ckpt.MARKER).unlink()  # no longer the committed checkpoint: evaluate it as a plain model folder
     with pytest.raises(RegressionError, match="REGRESSED"):

@@ -44,8 +44,14 @@ def test_two_iterations_then_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "flow-test"
     # Every stage of both iterations committed its manifest.
     for it in range(2):
-        for stage, name in (("tasks", "tasks"), ("rollouts", "trajectories"), ("batch", "trajectories"),
-                            ("update", "metrics"), ("eval", "eval"), ("summary", "summary")):
+        for stage, name in (
+            ("tasks", "tasks"),
+            ("rollouts", "trajectories"),
+            ("batch", "trajectories"),
+            ("update", "metrics"),
+            ("eval", "eval"),
+            ("summary", "summary"),
+        ):
             assert (run_dir / f"iter_{it:06d}" / stage / f"{name}.manifest.json").exists(), (it, stage, name)
     # Checkpoints 0 (warm start), 1, 2 are committed (keep_last=2 keeps the newest two).
     steps = [c.step for c in ckpt.committed_checkpoints(run_dir / "checkpoints")]

@@ -76,7 +76,13 @@ class LineWalk(TextGame):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         name = canonical_action(action, self.action_names)
         if name is None:
-            return self.render(), 0.0, False, False, {"action_is_valid": False, "action_is_effective": False, "success": False}
+            return (
+                self.render(),
+                0.0,
+                False,
+                False,
+                {"action_is_valid": False, "action_is_effective": False, "success": False},
+            )
         old = self.pos
         self.pos = max(0, self.pos - 1) if name == "Left" else min(self.size - 1, self.pos + 1)
         self.used += 1

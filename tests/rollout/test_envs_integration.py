@@ -33,8 +33,9 @@ def test_solver_script_solves_sokoban_groups(chatml_tokenizer) -> None:
 
     engine = ScriptedEngine(chatml_tokenizer, reply)
     tasks = [t.__class__(t.traj_id, t.env_name, {"max_actions_per_episode": 18}, t.seed, t.group_id) for t in tasks]
-    trajs = run_rollouts(engine, chatml_tokenizer, tasks, agent=AGENT, sampling=SAMPLING, policy_version=1,
-                         weights_fingerprint="w")
+    trajs = run_rollouts(
+        engine, chatml_tokenizer, tasks, agent=AGENT, sampling=SAMPLING, policy_version=1, weights_fingerprint="w"
+    )
     for traj in trajs:
         plan = plans[traj.traj_id]
         if len(plan) > 3 * AGENT.max_turns:
@@ -63,8 +64,9 @@ def test_mixed_groups_of_all_three_games(chatml_tokenizer) -> None:
         return _answer(["Left", "Down", "Right"] if i % 2 == 0 else ["Up", "Right", "Down"])
 
     engine = ScriptedEngine(chatml_tokenizer, reply)
-    trajs = run_rollouts(engine, chatml_tokenizer, tasks, agent=AGENT, sampling=SAMPLING, policy_version=2,
-                         weights_fingerprint="w")
+    trajs = run_rollouts(
+        engine, chatml_tokenizer, tasks, agent=AGENT, sampling=SAMPLING, policy_version=2, weights_fingerprint="w"
+    )
     assert [t.traj_id for t in trajs] == [t.traj_id for t in tasks]
     for traj in trajs:
         traj.check()

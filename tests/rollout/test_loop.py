@@ -20,7 +20,13 @@ def _tasks(n: int, seed: int = 7, **config) -> list[RolloutTask]:
 def _run(engine, tok, tasks, line_walk, **agent_kw):
     agent = AgentConfig(**{"max_turns": 3, "max_actions_per_turn": 2, **agent_kw})
     return run_rollouts(
-        engine, tok, tasks, agent=agent, sampling=SAMPLING, policy_version=4, weights_fingerprint="abc",
+        engine,
+        tok,
+        tasks,
+        agent=agent,
+        sampling=SAMPLING,
+        policy_version=4,
+        weights_fingerprint="abc",
         env_factory=line_walk,
     )
 
@@ -151,7 +157,12 @@ def test_context_guard_stops_cleanly(chatml_tokenizer, line_walk) -> None:
     limit = probe.num_tokens + 40  # room for the first turn, not for a second one
     engine = ScriptedEngine(chatml_tokenizer, "<think>" + "t " * 20 + "</think><answer>Left</answer>")
     (traj,) = _run(
-        engine, chatml_tokenizer, _tasks(1, size=30), line_walk, max_turns=5, max_context_tokens=limit,
+        engine,
+        chatml_tokenizer,
+        _tasks(1, size=30),
+        line_walk,
+        max_turns=5,
+        max_context_tokens=limit,
         max_tokens_per_turn=probe.response_length,
     )
     assert traj.status == TrajectoryStatus.CONTEXT and traj.num_turns == 1 and traj.num_tokens <= limit

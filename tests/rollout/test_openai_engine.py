@@ -45,7 +45,10 @@ class FakeVLLM:
             "text": self.reply_text or "x" * len(ids),
             "finish_reason": finish,
             "stop_reason": "</answer>" if self.mode != "eos" else None,
-            "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.1 * (k + 1) for k in range(len(ids))]},
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [-0.1 * (k + 1) for k in range(len(ids))],
+            },
         }
         if self.mode == "token_ids_field":
             choice["token_ids"] = ids
@@ -154,8 +157,13 @@ def test_rollout_loop_over_the_wire(server, chatml_tokenizer, line_walk) -> None
     fake.reply_ids = chatml_tokenizer.encode(fake.reply_text, add_special_tokens=False)
     tasks = [RolloutTask(f"t{i}", "line_walk", {"size": 8}, 3, 0) for i in range(4)]
     trajs = run_rollouts(
-        OpenAIEngine(url, "m"), chatml_tokenizer, tasks, agent=AgentConfig(max_turns=3),
-        sampling=SamplingParams(max_new_tokens=64, seed=1), policy_version=0, weights_fingerprint="f",
+        OpenAIEngine(url, "m"),
+        chatml_tokenizer,
+        tasks,
+        agent=AgentConfig(max_turns=3),
+        sampling=SamplingParams(max_new_tokens=64, seed=1),
+        policy_version=0,
+        weights_fingerprint="f",
         env_factory=line_walk,
     )
     for traj in trajs:

@@ -36,8 +36,13 @@ def test_seeds_are_deterministic_and_depend_on_iteration_and_seed() -> None:
 
 def test_largest_remainder_split_and_offsets() -> None:
     tasks = make_group_tasks(
-        [EnvSpec(name="a"), EnvSpec(name="b"), EnvSpec(name="c")], groups=4, group_size=1, seed=0, iteration=0,
-        seed_offset=5000, seed_space=10,
+        [EnvSpec(name="a"), EnvSpec(name="b"), EnvSpec(name="c")],
+        groups=4,
+        group_size=1,
+        seed=0,
+        iteration=0,
+        seed_offset=5000,
+        seed_space=10,
     )
     assert sorted(Counter(t.env_name for t in tasks).values()) == [1, 1, 2]
     assert all(5000 <= t.seed < 5010 for t in tasks)

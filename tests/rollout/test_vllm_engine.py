@@ -21,8 +21,11 @@ def test_completion_conversion() -> None:
 
     lp = SimpleNamespace
     done = SimpleNamespace(
-        token_ids=(5, 7), logprobs=[{5: lp(logprob=-0.5), 9: lp(logprob=-2.0)}, {7: lp(logprob=-0.25)}],
-        finish_reason="stop", stop_reason="</answer>", text="ab",
+        token_ids=(5, 7),
+        logprobs=[{5: lp(logprob=-0.5), 9: lp(logprob=-2.0)}, {7: lp(logprob=-0.25)}],
+        finish_reason="stop",
+        stop_reason="</answer>",
+        text="ab",
     )
     gen = _to_generation(done)
     assert gen.token_ids == [5, 7] and gen.logprobs == [-0.5, -0.25] and gen.finish_reason == "stop"

@@ -24,8 +24,15 @@ def test_round_trip_is_exact(tmp_path):
     opt = make_optimizer(actor, lr=1e-3, weight_decay=0.0)
     _train_one_step(actor, opt)
     gen = torch.Generator().manual_seed(3)
-    info = ckpt.save_checkpoint(tmp_path, 1, actor=actor, optimizers={"actor": opt}, models={"critic": critic},
-                                extra_state={"generator": gen.get_state(), "note": 7}, policy_version=5)
+    info = ckpt.save_checkpoint(
+        tmp_path,
+        1,
+        actor=actor,
+        optimizers={"actor": opt},
+        models={"critic": critic},
+        extra_state={"generator": gen.get_state(), "note": 7},
+        policy_version=5,
+    )
     assert info.path.name == "step_000001" and info.policy_version == 5
     assert info.fingerprint == ckpt.sha256_file(info.path / "model.safetensors")
     expected_next = torch.rand(3)

@@ -33,7 +33,9 @@ def test_deepspeed_zero2_matches_torch_backend(monkeypatch):
     pytest.importorskip("deepspeed")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu"))
+    monkeypatch.setenv(
+        "DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    )
     reference = _losses("torch")
     got = _losses("deepspeed")
     assert got == pytest.approx(reference, rel=1e-3, abs=1e-5)
@@ -76,6 +78,8 @@ def test_deepspeed_resume_continues_the_same_trajectory(monkeypatch):
     pytest.importorskip("deepspeed")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu"))
+    monkeypatch.setenv(
+        "DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    )
     straight = _losses("deepspeed", steps=3)[2:]  # updates 2 and 3 of an uninterrupted run
     assert _resumed_losses() == pytest.approx(straight, rel=1e-4, abs=1e-6)

@@ -30,13 +30,32 @@ def _sample(actor, groups: int, group_size: int, gen: torch.Generator) -> list[T
     out = []
     for i in range(ids.shape[0]):
         r = float((ids[i, 3:] == TARGET).float().mean())
-        out.append(Trajectory(
-            traj_id=str(i), env_name="toy", seed=i // group_size, group_id=i // group_size, policy_version=0,
-            weights_fingerprint="", input_ids=ids[i].tolist(), response_mask=[0] * 3 + [1] * RESP,
-            loss_mask=[0] * 3 + [1] * RESP, rollout_logprobs=[0.0] * 3 + logp[i, 3:].tolist(), turn_starts=[3],
-            turn_ends=[3 + RESP], turn_rewards=[r], turn_actions=[[]], turn_format_ok=[True], turn_think=[""],
-            turn_responses=[""], turn_observations=[""], reward=r, success=r == 1.0, status="terminated",
-            prompt_length=3))
+        out.append(
+            Trajectory(
+                traj_id=str(i),
+                env_name="toy",
+                seed=i // group_size,
+                group_id=i // group_size,
+                policy_version=0,
+                weights_fingerprint="",
+                input_ids=ids[i].tolist(),
+                response_mask=[0] * 3 + [1] * RESP,
+                loss_mask=[0] * 3 + [1] * RESP,
+                rollout_logprobs=[0.0] * 3 + logp[i, 3:].tolist(),
+                turn_starts=[3],
+                turn_ends=[3 + RESP],
+                turn_rewards=[r],
+                turn_actions=[[]],
+                turn_format_ok=[True],
+                turn_think=[""],
+                turn_responses=[""],
+                turn_observations=[""],
+                reward=r,
+                success=r == 1.0,
+                status="terminated",
+                prompt_length=3,
+            )
+        )
     return out
 
 

@@ -16,12 +16,27 @@ N = 3
 
 def _harness(root, *extra):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "ragen_tasks.training.resume_harness", "--root", str(root),
-                           "--iterations", str(N), *extra], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ragen_tasks.training.resume_harness",
+            "--root",
+            str(root),
+            "--iterations",
+            str(N),
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _state(path):
     from safetensors.torch import load_file
+
     weights = {**load_file(str(path / "model.safetensors")), **load_file(str(path / "critic.safetensors"))}
     opts = [torch.load(path / f"optim_{n}.pt", weights_only=True) for n in ("actor", "critic")]
     return weights, opts, torch.load(path / "extra_state.pt", weights_only=True)

@@ -11,11 +11,22 @@ from ragen_tasks.training.resume_harness import synthetic_trajectories
 
 def test_collate_pads_right_and_keeps_masks():
     trajs = synthetic_trajectories(n_groups=2, group_size=2)
-    short = replace(trajs[1], input_ids=trajs[1].input_ids[:-4], response_mask=trajs[1].response_mask[:-4],
-                    loss_mask=trajs[1].loss_mask[:-4], rollout_logprobs=trajs[1].rollout_logprobs[:-4],
-                    turn_starts=trajs[1].turn_starts[:1], turn_ends=trajs[1].turn_ends[:1],
-                    turn_rewards=[0.5], turn_actions=[[]], turn_format_ok=[True], turn_think=[""],
-                    turn_responses=[""], turn_observations=[""], reward=0.5)
+    short = replace(
+        trajs[1],
+        input_ids=trajs[1].input_ids[:-4],
+        response_mask=trajs[1].response_mask[:-4],
+        loss_mask=trajs[1].loss_mask[:-4],
+        rollout_logprobs=trajs[1].rollout_logprobs[:-4],
+        turn_starts=trajs[1].turn_starts[:1],
+        turn_ends=trajs[1].turn_ends[:1],
+        turn_rewards=[0.5],
+        turn_actions=[[]],
+        turn_format_ok=[True],
+        turn_think=[""],
+        turn_responses=[""],
+        turn_observations=[""],
+        reward=0.5,
+    )
     trajs[1] = short
     b = collate(trajs, pad_id=0)
     assert b.input_ids.shape == (4, max(t.num_tokens for t in trajs))

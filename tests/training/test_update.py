@@ -31,12 +31,29 @@ def test_gae_parameters_move_and_first_clipfrac_zero():
     before = copy.deepcopy(actor_m.state_dict())
     critic_before = copy.deepcopy(crit.module.state_dict())
     ref = make_reference(actor_m)
-    m = ppo_update(collate(synthetic_trajectories()), actor=actor, critic=crit, ref_model=ref, algo=algo,
-                   optim=optim, generator=torch.Generator().manual_seed(0))
+    m = ppo_update(
+        collate(synthetic_trajectories()),
+        actor=actor,
+        critic=crit,
+        ref_model=ref,
+        algo=algo,
+        optim=optim,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert m["actor/first_clipfrac"] == 0.0
     assert m["actor/steps"] == 4 and m["actor/skipped_steps"] == 0
-    for k in ("actor/pg_loss", "actor/grad_norm", "actor/approx_kl", "actor/entropy", "critic/vf_loss",
-              "actor/clipfrac_low", "actor/clipfrac_high", "timing/update_s", "perf/tokens_per_s", "actor/reward_kl"):
+    for k in (
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/approx_kl",
+        "actor/entropy",
+        "critic/vf_loss",
+        "actor/clipfrac_low",
+        "actor/clipfrac_high",
+        "timing/update_s",
+        "perf/tokens_per_s",
+        "actor/reward_kl",
+    ):
         assert isinstance(m[k], float), k
     moved = [k for k, v in actor_m.state_dict().items() if not torch.equal(v, before[k])]
     assert set(moved) == set(before)  # every parameter moved
@@ -60,12 +77,19 @@ def test_gradient_accumulation_matches_full_minibatch():
 def test_zero_variance_groups_are_skipped_before_forward():
     trajs = synthetic_trajectories(n_groups=2, group_size=4)
     from dataclasses import replace
+
     trajs = [replace(t, turn_rewards=[1.0, 0.0], reward=1.0) if t.group_id == 0 else t for t in trajs]
     algo = AlgoConfig(advantage="grpo", kl_mode="in_loss", kl_estimator="k3", filter_keep_ratio=1.0)
     optim = OptimConfig(lr=1e-3, minibatch_size=8, micro_batch_size=8)
     actor_m, actor, _ = _setup(algo, optim, critic=False)
-    m = ppo_update(collate(trajs), actor=actor, ref_model=make_reference(actor_m), algo=algo, optim=optim,
-                   generator=torch.Generator().manual_seed(0))
+    m = ppo_update(
+        collate(trajs),
+        actor=actor,
+        ref_model=make_reference(actor_m),
+        algo=algo,
+        optim=optim,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert m["batch/skipped_zero_adv"] == 4.0
     assert m["perf/tokens"] == sum(t.num_tokens for t in trajs if t.group_id == 1)
     assert "actor/kl_loss" in m
@@ -78,16 +102,26 @@ def test_non_finite_steps_are_skipped_then_abort():
     with torch.no_grad():
         actor_m.model.norm.weight[0] = float("nan")
     before = copy.deepcopy(actor_m.state_dict())
-    m = ppo_update(collate(synthetic_trajectories()), actor=actor, algo=algo, optim=optim,
-                   generator=torch.Generator().manual_seed(0))
+    m = ppo_update(
+        collate(synthetic_trajectories()),
+        actor=actor,
+        algo=algo,
+        optim=optim,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert m["actor/skipped_steps"] == 4 and m["actor/steps"] == 0
     for k, v in actor_m.state_dict().items():
         assert torch.equal(v, before[k]) or k == "model.norm.weight"
     strict = OptimConfig(lr=1e-3, minibatch_size=4, micro_batch_size=4, max_consecutive_skips=3)
     actor2 = make_train_model(actor_m, make_optimizer(actor_m, lr=1e-3, weight_decay=0.0), strict)
     with pytest.raises(NonFiniteUpdateError, match="max_consecutive_skips=3"):
-        ppo_update(collate(synthetic_trajectories()), actor=actor2, algo=algo, optim=strict,
-                   generator=torch.Generator().manual_seed(0))
+        ppo_update(
+            collate(synthetic_trajectories()),
+            actor=actor2,
+            algo=algo,
+            optim=strict,
+            generator=torch.Generator().manual_seed(0),
+        )
 
 
 def test_missing_critic_or_reference_is_a_clear_error():
@@ -97,5 +131,10 @@ def test_missing_critic_or_reference_is_a_clear_error():
     with pytest.raises(ValueError, match="needs a critic"):
         ppo_update(batch, actor=actor, algo=AlgoConfig(advantage="gae"), optim=optim, generator=torch.Generator())
     with pytest.raises(ValueError, match="make_reference"):
-        ppo_update(batch, actor=actor, algo=AlgoConfig(advantage="grpo", kl_mode="in_loss"), optim=optim,
-                   generator=torch.Generator())
+        ppo_update(
+            batch,
+            actor=actor,
+            algo=AlgoConfig(advantage="grpo", kl_mode="in_loss"),
+            optim=optim,
+            generator=torch.Generator(),
+        )

@@ -17,9 +17,7 @@ from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import to_table
 from ragen_tasks.validation.batch import BatchLimits, BatchValidationError, validate_stored_batch, validate_table
 
-_spec = importlib.util.spec_from_file_location(
-    "_data_factory", Path(__file__).parents[1] / "data" / "_factory.py"
-)
+_spec = importlib.util.spec_from_file_location("_data_factory", Path(__file__).parents[1] / "data" / "_factory.py")
 assert _spec is not None and _spec.loader is not None
 factory = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(factory)
@@ -40,17 +38,28 @@ def test_good_batch_passes() -> None:
     ("change", "expected"),
     [
         (lambda t: dataclasses.replace(t, reward=math.nan), "expect_column_values_to_be_in_set(reward_finite)"),
-        (lambda t: dataclasses.replace(t, turn_rewards=[math.inf, 0.0]), "expect_column_values_to_be_in_set(reward_finite)"),
+        (
+            lambda t: dataclasses.replace(t, turn_rewards=[math.inf, 0.0]),
+            "expect_column_values_to_be_in_set(reward_finite)",
+        ),
         (lambda t: dataclasses.replace(t, reward=50.0), "expect_column_values_to_be_between(reward)"),
-        (lambda t: dataclasses.replace(t, loss_mask=[0] * t.num_tokens),
-         "expect_column_values_to_be_between(policy_loss_tokens)"),
+        (
+            lambda t: dataclasses.replace(t, loss_mask=[0] * t.num_tokens),
+            "expect_column_values_to_be_between(policy_loss_tokens)",
+        ),
         (lambda t: dataclasses.replace(t, policy_version=2), "expect_column_values_to_be_in_set(policy_version)"),
-        (lambda t: dataclasses.replace(t, weights_fingerprint="0" * 64),
-         "expect_column_values_to_be_in_set(weights_fingerprint)"),
-        (lambda t: dataclasses.replace(t, loss_mask=[1, *t.loss_mask[1:]]),
-         "expect_column_values_to_be_in_set(masks_well_formed)"),
-        (lambda t: dataclasses.replace(t, rollout_logprobs=t.rollout_logprobs[:-1]),
-         "expect_column_values_to_be_in_set(lists_aligned)"),
+        (
+            lambda t: dataclasses.replace(t, weights_fingerprint="0" * 64),
+            "expect_column_values_to_be_in_set(weights_fingerprint)",
+        ),
+        (
+            lambda t: dataclasses.replace(t, loss_mask=[1, *t.loss_mask[1:]]),
+            "expect_column_values_to_be_in_set(masks_well_formed)",
+        ),
+        (
+            lambda t: dataclasses.replace(t, rollout_logprobs=t.rollout_logprobs[:-1]),
+            "expect_column_values_to_be_in_set(lists_aligned)",
+        ),
         (lambda t: dataclasses.replace(t, status="exploded"), "expect_column_values_to_be_in_set(status)"),
         (lambda t: dataclasses.replace(t, traj_id="t00000"), "expect_column_values_to_be_unique(traj_id)"),
     ],
@@ -64,8 +73,9 @@ def test_each_failure_is_named(change, expected: str) -> None:  # type: ignore[n
 
 def test_length_limits() -> None:
     limits = BatchLimits(reward_min=-5, reward_max=5, max_tokens=39, max_turns=1)
-    failed = validate_table(to_table(factory.make_batch(4)), limits=limits, policy_version=3,
-                            weights_fingerprint="f" * 64).failed
+    failed = validate_table(
+        to_table(factory.make_batch(4)), limits=limits, policy_version=3, weights_fingerprint="f" * 64
+    ).failed
     assert "expect_column_values_to_be_between(num_tokens)" in failed
     assert "expect_column_values_to_be_between(num_turns)" in failed
 
