@@ -202,7 +202,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
     rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
     stopped: dict[str, Any] | None = None
     for it in range(start, config.iterations):
-        run = pipeline.run_in_force(base, it)  # the guard's mitigations in force, its healthy checkpoint kept
+        run = pipeline.run_in_force(base, it, rows)  # the guard's mitigations in force, its rollback targets kept
         overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
         mode = run.config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
         clock = _Clock()  # wall time of each task call, Prefect's own overhead included

@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -225,21 +225,17 @@ def fingerprint(run: Run, step: int) -> str:
     return str(json.loads(marker.read_text())["fingerprint"])
 
 
-def lineage(run: Run, iteration: int) -> list[int]:
-    """Policy steps the run has actually trained with up to ``iteration`` (0, then each iteration's
-    ``policy/step``, then the step iteration ``iteration`` samples with). A checkpoint replaced by a
-    guard rollback is never part of it."""
-    steps = [0] + [int(row["policy/step"]) for row in history(run)[:iteration] if "policy/step" in row]
-    return sorted({*steps, policy_step(run, iteration)})
-
-
 def trusted_fingerprints(run: Run, iteration: int, max_staleness: int) -> dict[int, str]:
-    """{step: fingerprint} of the lineage steps a batch for ``iteration`` may come from: the current
-    step and up to ``max_staleness`` steps before it. Pruned or replaced checkpoints are not trusted,
-    so their batches are rejected as unknown_fingerprint (keep checkpoint.keep_last > max_staleness)."""
+    """{step: fingerprint} of the steps a batch for ``iteration`` may come from: the current step and
+    the steps of the policy's LINEAGE (the ``policy/step`` each recent iteration actually sampled with)
+    up to ``max_staleness`` behind it. A checkpoint replaced by a guard rollback is never in the
+    lineage, and a pruned one has no fingerprint: batches from either are rejected as
+    unknown_fingerprint (keep checkpoint.keep_last > max_staleness)."""
     current = policy_step(run, iteration)
+    # Steps grow by >= 1 per iteration, so the last max_staleness + 1 rows hold every step in the window.
+    recent = history(run, before=iteration, last=max_staleness + 1)
     trusted: dict[int, str] = {}
-    for step in lineage(run, iteration):
+    for step in sorted({current, *(int(r["policy/step"]) for r in recent if "policy/step" in r)}):
         if current - max_staleness <= step <= current:
             try:
                 trusted[step] = fingerprint(run, step)
@@ -248,13 +244,15 @@ def trusted_fingerprints(run: Run, iteration: int, max_staleness: int) -> dict[i
     return trusted
 
 
-def run_in_force(base: Run, iteration: int) -> Run:
+def run_in_force(base: Run, iteration: int, rows: Sequence[Mapping[str, Any]] | None = None) -> Run:
     """``base`` as iteration ``iteration`` must see it: the guard's mitigation overrides recorded by
     the previous iteration, and protection from pruning for the guard's last healthy checkpoint and
-    the step this iteration samples with."""
-    from ragen_tasks.guard import rollback_candidates, rules, since_last_rollback
+    the step this iteration samples with. ``rows``: the committed rows before ``iteration`` if the
+    caller holds them (the flow does); else the recent ones are read from the store."""
+    from ragen_tasks.guard import max_patience, rollback_candidates, rules, since_last_rollback
 
-    rows = history(base)[:iteration]
+    if rows is None:  # the guard looks back at most max_patience + 1 signal-free rows since a rollback
+        rows = history(base, before=iteration, last=4 * (max_patience(rules(base.config.guard)) + 1))
     overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
     protect = {policy_step(base, iteration)} | rollback_candidates(since_last_rollback(rows), rules(base.config.guard))
     return base.with_overrides(overrides, protect=protect)
@@ -650,10 +648,15 @@ def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[s
     return dict(stored)
 
 
-def history(run: Run) -> list[dict[str, Any]]:
-    """All committed iteration rows, in order."""
-    last = run.store.last_committed_iteration(run.run_id, "summary", "summary")
-    return [run.store.read_json(run.run_id, k, "summary", "summary")[0] for k in range(0 if last is None else last + 1)]
+def history(run: Run, *, before: int | None = None, last: int | None = None) -> list[dict[str, Any]]:
+    """Committed iteration rows in order: all of them, or those before iteration ``before``, or only
+    the ``last`` few of those (reads only what it returns: per-iteration callers stay O(1))."""
+    end = before
+    if end is None:
+        done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
+        end = 0 if done is None else done + 1
+    start = 0 if last is None else max(0, end - last)
+    return [run.store.read_json(run.run_id, k, "summary", "summary")[0] for k in range(start, end)]
 
 
 def flatten_eval(result: Mapping[str, Any]) -> dict[str, float]:

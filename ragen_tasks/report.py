@@ -23,7 +23,7 @@ from ragen_tasks.data.trajectory import Trajectory
 PANELS: list[tuple[str, list[str]]] = [
     ("Success rate (rollouts)", ["rollout/success"]),
     ("Trajectory reward (rollouts)", ["rollout/reward_mean"]),
-    ("Held-out evaluation success", []),  # filled with every eval/*/success key present
+    ("Held-out evaluation success (-1 = before RL)", []),  # filled with every eval/*/success key present
     ("In-group reward std (Echo Trap: collapses first)", ["rollout/in_group_std", "filter/kept_in_group_std_mean"]),
     ("Policy entropy", ["actor/entropy"]),
     ("Gradient norm (pre-clip)", ["actor/grad_norm"]),

@@ -35,6 +35,9 @@ def _samples(run: pipeline.Run, iteration: int, per_env: int = 2) -> list[Trajec
 
 def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -> Path:
     rows = pipeline.history(run)
+    if run.store.has_manifest(run.run_id, 0, "eval", "initial"):  # the before-RL point, plotted at iteration -1
+        initial = run.store.read_json(run.run_id, 0, "eval", "initial")[0]
+        rows = [{"iteration": -1, **pipeline.flatten_eval(initial)}, *rows]
     signals = [s for row in rows for s in row.get("guard/signals", []) or []]
     last = rows[-1]["iteration"] if rows else -1
     return write_report(
