@@ -2,17 +2,53 @@
 
 import os
 
+# Set before anything imports transformers / prefect (both read these at import time).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from test servers
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download a model
 
+import socket
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+# --- a small ChatML tokenizer (byte-level BPE trained in-process, well under a second) -----------
+# for agent and rollout tests that must not depend on the model presets
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "<think>I should move Left then Up</think><answer>Left || Up || Right || Down</answer>",
+    "Board:\n#####\n#_P_#\n#_X_#\n#_O_#\n##### Reward: 0. Actions left: 3. Symbols: P = player",
+]
+
+
+def build_chatml_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
+    )
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer() -> PreTrainedTokenizerFast:
+    return build_chatml_tokenizer()
+
 
 # --- S3 API on loopback (moto), shared by data and flows tests ------------------------------------
-import socket as _socket
-
-import pytest as _pytest
 
 
-@_pytest.fixture(scope="session")
+@pytest.fixture(scope="session")
 def s3_server():
     """A real S3 API (moto's threaded server) on 127.0.0.1:<free port>, with fake credentials.
 
@@ -21,7 +57,7 @@ def s3_server():
     """
     from moto.server import ThreadedMotoServer
 
-    with _socket.socket() as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -34,7 +70,7 @@ def s3_server():
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": endpoint,
     }
-    with _pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
         mp.delenv("AWS_ENDPOINT_URL_S3", raising=False)
