@@ -25,6 +25,21 @@ import pyarrow as pa
 SCHEMA_VERSION = 1
 
 
+#: Token-level lists: each has one entry per token (length T, the length of input_ids).
+TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "response_mask", "loss_mask", "rollout_logprobs")
+#: Turn-level lists: each has one entry per turn (the length of turn_starts).
+TURN_FIELDS: tuple[str, ...] = (
+    "turn_starts",
+    "turn_ends",
+    "turn_rewards",
+    "turn_actions",
+    "turn_format_ok",
+    "turn_think",
+    "turn_responses",
+    "turn_observations",
+)
+
+
 class TrajectoryStatus(StrEnum):
     """Why an episode ended."""
 
@@ -83,21 +98,13 @@ class Trajectory:
     def check(self) -> None:
         """Raise ValueError naming the field if the internal invariants do not hold."""
         t = len(self.input_ids)
-        for name in ("response_mask", "loss_mask", "rollout_logprobs"):
+        for name in TOKEN_FIELDS[1:]:
             if len(getattr(self, name)) != t:
                 raise ValueError(
                     f"trajectory {self.traj_id}: len({name})={len(getattr(self, name))} != len(input_ids)={t}"
                 )
         n = len(self.turn_starts)
-        for name in (
-            "turn_ends",
-            "turn_rewards",
-            "turn_actions",
-            "turn_format_ok",
-            "turn_think",
-            "turn_responses",
-            "turn_observations",
-        ):
+        for name in TURN_FIELDS[1:]:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"trajectory {self.traj_id}: len({name})={len(getattr(self, name))} != num turns {n}")
         if not 0 <= self.prompt_length <= t:

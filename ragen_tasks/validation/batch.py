@@ -31,7 +31,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ragen_tasks.data.trajectory import ARROW_SCHEMA, SCHEMA_VERSION, Trajectory, TrajectoryStatus, from_table
+from ragen_tasks.data.trajectory import (
+    ARROW_SCHEMA,
+    SCHEMA_VERSION,
+    TOKEN_FIELDS,
+    TURN_FIELDS,
+    Trajectory,
+    TrajectoryStatus,
+    from_table,
+)
 
 if TYPE_CHECKING:
     from ragen_tasks.data.manifest import Manifest
@@ -86,20 +94,7 @@ _DERIVED: dict[str, tuple[str, ...]] = {
     "status": ("status",),
     "num_tokens": ("input_ids",),
     "num_turns": ("turn_starts",),
-    "lists_aligned": (
-        "input_ids",
-        "response_mask",
-        "loss_mask",
-        "rollout_logprobs",
-        "turn_starts",
-        "turn_ends",
-        "turn_rewards",
-        "turn_actions",
-        "turn_format_ok",
-        "turn_think",
-        "turn_responses",
-        "turn_observations",
-    ),
+    "lists_aligned": TOKEN_FIELDS + TURN_FIELDS,
     "masks_well_formed": ("input_ids", "response_mask", "loss_mask", "prompt_length"),
     "policy_loss_tokens": ("input_ids", "response_mask", "loss_mask"),
     "logprobs_finite": ("rollout_logprobs",),
@@ -155,20 +150,11 @@ def batch_frame(table: pa.Table) -> pd.DataFrame:
         )
     aligned = np.ones(n, dtype=bool)
     if has("lists_aligned"):
-        t_len = pc.list_value_length(table.column("input_ids")).to_numpy()  # (n,) T per trajectory
-        for name in ("response_mask", "loss_mask", "rollout_logprobs"):
-            aligned &= pc.list_value_length(table.column(name)).to_numpy() == t_len
-        n_turns = pc.list_value_length(table.column("turn_starts")).to_numpy()
-        for name in (
-            "turn_ends",
-            "turn_rewards",
-            "turn_actions",
-            "turn_format_ok",
-            "turn_think",
-            "turn_responses",
-            "turn_observations",
-        ):
-            aligned &= pc.list_value_length(table.column(name)).to_numpy() == n_turns
+        # The same invariant as Trajectory.check, vectorised over the table's list columns.
+        for fields in (TOKEN_FIELDS, TURN_FIELDS):
+            lengths = pc.list_value_length(table.column(fields[0])).to_numpy()  # (n,) per trajectory
+            for name in fields[1:]:
+                aligned &= pc.list_value_length(table.column(name)).to_numpy() == lengths
         cols["lists_aligned"] = aligned
     if has("masks_well_formed") and has("policy_loss_tokens") and has("lists_aligned"):
         # Flattened masks over all tokens of the batch: (L,), L = sum of T. 1 = policy-sampled /
