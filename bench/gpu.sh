@@ -2,8 +2,11 @@
 # GPU benchmark of the update stage (and, best effort, the HF rollout engine) on a
 # Qwen2.5-0.5B-shaped model with RANDOM weights built from a config (no hub access), bf16.
 # Prepared for the `device` tool (one H200); never part of CI. Usage: bash bench/gpu.sh [ROUNDS]
-# Prints trainer tokens/s and MFU vs the H200's dense bf16 peak (989 TFLOP/s, spec sheet).
-set -euo pipefail
+# Prints trainer tokens/s and MFU vs the H200's dense bf16 peak (989 TFLOP/s, spec sheet), then the
+# HF engine vs a bare model.generate on the same model, then bench/rollout.py (tiny, small) on the GPU.
+# The GPU-marked tests (CUDA parity of rollout log-probs, the update and DeepSpeed) run first:
+#   pytest -m gpu tests/rollout/test_tiny_model_rollout.py tests/training
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -68,6 +71,19 @@ try:  # rollout: the HF engine, batched sampling of 128 responses x 128 tokens (
     torch.cuda.synchronize(); dt = time.perf_counter() - t
     toks = sum(len(g.token_ids) for g in out)
     print(f"HF engine: {toks} tokens in {dt:.1f}s = {toks/dt:.0f} tok/s (128 sequences, 256-token prompts)")
+    ids = torch.tensor([r.prompt_ids for r in reqs], device="cuda")  # (128, 256): same prompts, no padding needed
+    with torch.inference_mode():
+        model.generate(ids[:8], max_new_tokens=8, do_sample=True, top_k=0, pad_token_id=0)  # warm-up
+        torch.cuda.synchronize(); t = time.perf_counter()
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=128, min_new_tokens=128,
+                             do_sample=True, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
+        torch.cuda.synchronize(); gdt = time.perf_counter() - t
+    gtoks = (gen.shape[1] - ids.shape[1]) * gen.shape[0]
+    print(f"model.generate: {gtoks} tokens in {gdt:.1f}s = {gtoks/gdt:.0f} tok/s; engine/generate = "
+          f"{(toks/dt)/(gtoks/gdt):.2f}x", flush=True)
 except Exception as e:  # never fail the update numbers because of the rollout part
     print(f"HF engine benchmark failed: {type(e).__name__}: {e}")
 PYEOF
+
+echo "== bench/rollout.py on the GPU (tiny, small presets)"
+"$PY" bench/rollout.py --device cuda --threads 4 --repeats 2

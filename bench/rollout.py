@@ -5,7 +5,7 @@ temperature 1, no stop strings, eos ends a row) and of ``model.generate`` (do_sa
 the ratio. Also HFEngine in bfloat16 vs float32, and a 3-turn run with KV reuse on vs off.
 Both sides count only real generated tokens (a row ends at eos; pads after it are not counted).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--device cuda]
 """
 
 from __future__ import annotations
@@ -31,25 +31,35 @@ def make_prompts(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so wall-clock timings include it (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def run_engine(engine: HFEngine, prompts: list[list[int]], new: int, seed: int) -> tuple[int, float]:
     params = SamplingParams(max_new_tokens=new, stop_strings=(), seed=seed)
     reqs = [GenerationRequest(f"b{seed}-{i}", p) for i, p in enumerate(prompts)]
+    _sync()
     t0 = time.perf_counter()
     gens = engine.generate(reqs, params)
+    _sync()
     dt = time.perf_counter() - t0
     engine.release([r.session_id for r in reqs])
     return sum(len(g.token_ids) for g in gens), dt
 
 
 def run_generate(model, tokenizer, prompts: list[list[int]], new: int, seed: int) -> tuple[int, float]:
-    batch = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt")  # left padding
+    batch = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt").to(model.device)  # left padding
     torch.manual_seed(seed)
+    _sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
             **batch, max_new_tokens=new, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
+    _sync()
     dt = time.perf_counter() - t0
     gen = out[:, batch["input_ids"].shape[1] :]  # (B, new) generated part, pads after eos
     counted = 0
@@ -115,14 +125,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the shared 2-core CI box thrashes at 2)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (GPU runs: bench/gpu.sh)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)")
+    print(f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)")
     print("| preset | batch | engine tok/s | generate tok/s | ratio | engine bf16 tok/s | bf16/fp32 |")
     print("|---|---|---|---|---|---|---|")
     for preset in args.presets:
-        model, tok = load_policy(preset)
-        model_bf16, _ = load_policy(preset, dtype="bfloat16")
+        model, tok = load_policy(preset, device=args.device)
+        model_bf16, _ = load_policy(preset, dtype="bfloat16", device=args.device)
         eng, eng_bf16 = HFEngine(model, tok), HFEngine(model_bf16, tok)
         run_engine(eng, make_prompts(tok, 4), 4, 0)  # warm-up
         run_engine(eng_bf16, make_prompts(tok, 4), 4, 0)

@@ -70,3 +70,22 @@ def test_same_seed_same_trajectories(policy, rollouts) -> None:
     assert [t.turn_rewards for t in again] == [t.turn_rewards for t in rollouts]
     other = _rollout(model, tok, seed=12)
     assert [t.input_ids for t in other] != [t.input_ids for t in rollouts]
+
+
+@pytest.mark.gpu
+def test_cuda_rollout_logprobs_match_a_forward_pass_and_repeat() -> None:
+    """The same token-in/token-out contract on a CUDA device (fp32): stored log-probs equal a forward
+    pass on the stored sequence, and a fixed seed reproduces the trajectories."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model, tok = models.load_policy("tiny", dtype="float32", device="cuda")
+    rollouts = _rollout(model, tok, seed=11)
+    for traj in rollouts:
+        ids = torch.tensor([traj.input_ids], device="cuda")  # (1, T)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()  # (1, T, V)
+        logp = torch.log_softmax(logits[0, :-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0].cpu()  # (T-1,)
+        mask = torch.tensor(traj.response_mask[1:], dtype=torch.bool)  # 1 = sampled token
+        torch.testing.assert_close(logp[mask], torch.tensor(traj.rollout_logprobs[1:])[mask], atol=1e-4, rtol=0)
+    again = _rollout(model, tok, seed=11)
+    assert [t.input_ids for t in again] == [t.input_ids for t in rollouts]

@@ -5,6 +5,7 @@ Both tests share one process: DeepSpeed's first initialisation may JIT-compile a
 minute), later ones reuse it."""
 
 import io
+import math
 import os
 
 import pytest
@@ -36,13 +37,13 @@ def _run(actor: TrainModel, optim: OptimConfig, gen: torch.Generator, batch: Tok
     return out
 
 
-def _losses(backend: str, steps: int = 3) -> list[float]:
-    optim = _optim(backend)
+def _losses(backend: str, steps: int = 3, *, device: str = "cpu", amp_dtype: str = "float32") -> list[float]:
+    optim = _optim(backend).model_copy(update={"amp_dtype": amp_dtype})
     return _run(
-        _trainer(tiny_actor(0), optim),
+        _trainer(tiny_actor(0).to(device), optim),
         optim,
         torch.Generator().manual_seed(0),
-        collate(synthetic_trajectories()),
+        collate(synthetic_trajectories()).to(device),
         steps,
     )
 
@@ -91,3 +92,14 @@ def test_deepspeed_zero2_matches_torch_backend() -> None:
 def test_deepspeed_resume_continues_the_same_trajectory() -> None:
     straight = _losses("deepspeed", steps=3)[2:]  # updates 2 and 3 of an uninterrupted run
     assert _resumed_losses() == pytest.approx(straight, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("deepspeed_env")
+def test_deepspeed_zero2_on_cuda_matches_torch_backend_and_runs_bf16() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert _losses("deepspeed", device="cuda") == pytest.approx(_losses("torch", device="cuda"), rel=1e-3, abs=1e-5)
+    bf16 = _losses("deepspeed", device="cuda", amp_dtype="bfloat16")  # DeepSpeed's own bf16 mode on GPU
+    assert all(math.isfinite(v) for v in bf16) and all(g > 0 for g in bf16[1::2])

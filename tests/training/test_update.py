@@ -138,3 +138,25 @@ def test_missing_critic_or_reference_is_a_clear_error():
             optim=optim,
             generator=torch.Generator(),
         )
+
+
+@pytest.mark.gpu
+def test_cuda_update_matches_cpu_update() -> None:
+    """The same fp32 update on CUDA and on CPU: same metrics and same new weights (TF32 off)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0)
+    optim = OptimConfig(lr=1e-3, ppo_epochs=2, minibatch_size=8, micro_batch_size=4)
+    results = {}
+    for device in ("cpu", "cuda"):
+        module = tiny_actor(0).to(device)
+        actor = make_train_model(module, make_optimizer(module, lr=optim.lr, weight_decay=0.0), optim)
+        batch = collate(synthetic_trajectories()).to(device)
+        m = ppo_update(batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
+        results[device] = (m, {k: v.detach().cpu() for k, v in module.state_dict().items()})
+    (m_cpu, w_cpu), (m_gpu, w_gpu) = results["cpu"], results["cuda"]
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert m_gpu[key] == pytest.approx(m_cpu[key], rel=1e-3, abs=1e-5), key
+    for name, value in w_cpu.items():
+        torch.testing.assert_close(w_gpu[name], value, atol=1e-4, rtol=1e-3, msg=name)
