@@ -128,7 +128,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (GPU runs: bench/gpu.sh)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)")
+    print(
+        f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)"
+    )
     print("| preset | batch | engine tok/s | generate tok/s | ratio | engine bf16 tok/s | bf16/fp32 |")
     print("|---|---|---|---|---|---|---|")
     for preset in args.presets:

@@ -58,6 +58,11 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish: FinishReason | None = None
+    # this row's key columns: [reused_from, past) hold its reused KV, [fed_from, ...) its new
+    # tokens and then one column per decode step (set by _prefill)
+    reused_from: int = 0
+    past: int = 0
+    fed_from: int = 0
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -123,6 +128,7 @@ class HFEngine:
         self._sessions: dict[str, _Session] = {}
         self._eos = set(eos_token_ids) if eos_token_ids is not None else self._default_eos()
         self._token_text: list[str] | None = None  # id -> decoded text, for ASCII stop strings
+        self._ending_cache: dict[tuple[str, ...], set[int]] = {}  # stop strings -> ids, see _ending_tokens
         self._layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
         self._window = getattr(model.config, "sliding_window", None)
         # transformers >= 5.24 names the cache argument ``cache`` (``past_key_values`` is deprecated)
@@ -145,32 +151,40 @@ class HFEngine:
             # updated since the last call); anything else through the transformers forward.
             self._fast_model = FastQwen2(self.model) if self._use_fast else None
             cache, mask, pos, logits = self._prefill(rows, params.max_new_tokens)
-            live = list(range(len(rows)))  # row indices of the batch lines, in batch order
+            # batch line -> its row. A finished row stays in the batch (its samples ignored) until a
+            # quarter of the lines are finished: compacting copies the whole KV cache, so it is batched.
+            lines = list(rows)
+            live = len(lines)
+            may_end = self._ending_tokens(params.stop_strings)  # None: any token may complete a stop string
             for step in range(params.max_new_tokens):
                 tok, lp = self._sample(logits, params, gen)  # (B,), (B,)
                 tok_list, lp_list = tok.tolist(), lp.tolist()
-                keep: list[int] = []
-                for b, r in enumerate(live):
-                    row = rows[r]
-                    row.tokens.append(tok_list[b])
-                    row.logprobs.append(lp_list[b])
-                    row.finish = self._finish_reason(row, params, last_step=step == params.max_new_tokens - 1)
-                    if row.finish is None:
-                        keep.append(b)
-                    else:
-                        self._store(row, cache, mask, b)
-                if not keep:
+                last_step = step == params.max_new_tokens - 1
+                for b, (row, t, logprob) in enumerate(zip(lines, tok_list, lp_list, strict=True)):
+                    if row.finish is not None:
+                        continue
+                    row.tokens.append(t)
+                    row.logprobs.append(logprob)
+                    # only a token that can end a row is checked in full
+                    if last_step or may_end is None or t in may_end:
+                        row.finish = self._finish_reason(row, params, last_step=last_step)
+                        if row.finish is not None:
+                            self._store(row, cache, b)
+                            live -= 1
+                if live == 0:
                     break
-                if len(keep) < len(live):
+                if live <= 3 * len(lines) // 4:
+                    keep = [b for b, row in enumerate(lines) if row.finish is None]
                     idx = torch.tensor(keep, device=device)
                     cache = self._select(cache, idx)
                     mask, pos, tok = mask[idx], pos[idx], tok[idx]
-                    live = [live[b] for b in keep]
+                    lines = [lines[b] for b in keep]
                 # one decode step for the live rows: the new token attends to every valid column
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, K+1) True = real token
                 pos = pos + 1  # (B,) position of the fed token
                 logits = self._forward(tok[:, None], pos[:, None], mask[:, None, None, :], cache)
-        return [self._to_generation(row) for row in rows]
+        texts = self._decode([row.tokens for row in rows])
+        return [self._to_generation(row, text) for row, text in zip(rows, texts, strict=True)]
 
     def release(self, session_ids: Sequence[str]) -> None:
         """Forget the cached KV of these sessions (unknown ids are ignored)."""
@@ -226,16 +240,18 @@ class HFEngine:
         past = max(r.reuse for r in rows)  # P
         new = max(len(r.request.prompt_ids) - r.reuse for r in rows)  # S
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((n_rows, new), pad_id, dtype=torch.long)  # (B, S) new tokens, left-padded
-        pos = torch.zeros((n_rows, new), dtype=torch.long)  # (B, S) position of each fed token
-        valid = torch.zeros((n_rows, past + new), dtype=torch.bool)  # (B, P+S) True = real token
-        past_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for b, r in enumerate(rows):
+        id_rows, pos_rows, valid_rows = [], [], []
+        for r in rows:
             suffix = list(r.request.prompt_ids[r.reuse :])
-            ids[b, new - len(suffix) :] = torch.tensor(suffix)
-            pos[b, new - len(suffix) :] = torch.arange(r.reuse, r.reuse + len(suffix))
-            valid[b, past - r.reuse : past] = True
-            valid[b, past + new - len(suffix) :] = True
+            pad = new - len(suffix)
+            r.reused_from, r.past, r.fed_from = past - r.reuse, past, past + pad
+            id_rows.append([pad_id] * pad + suffix)
+            pos_rows.append([0] * pad + list(range(r.reuse, r.reuse + len(suffix))))
+            valid_rows.append([False] * (past - r.reuse) + [True] * r.reuse + [False] * pad + [True] * len(suffix))
+        ids = torch.tensor(id_rows, dtype=torch.long)  # (B, S) new tokens, left-padded
+        pos = torch.tensor(pos_rows, dtype=torch.long)  # (B, S) position of each fed token
+        valid = torch.tensor(valid_rows, dtype=torch.bool)  # (B, P+S) True = real token
+        past_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         if past:
             template = next(self._sessions[r.request.session_id].kv for r in rows if r.reuse)
             for layer in range(len(template)):
@@ -311,13 +327,30 @@ class HFEngine:
         if params.temperature == 0:
             tok = logits.argmax(dim=-1)
         else:
-            scaled = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p)
+            if params.temperature == 1 and params.top_k == 0 and params.top_p == 1:
+                probs = logp.exp()  # (B, V) plain sampling: the distribution is the log-probs'
+            else:
+                probs = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p).softmax(-1)
             # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
             # u is scaled by the row total, so it never falls past the last non-zero probability.
-            cdf = scaled.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+            cdf = probs.cumsum(dim=-1)  # (B, V)
             u = torch.rand((cdf.shape[0], 1), generator=gen, device=cdf.device) * cdf[:, -1:]  # (B, 1)
             tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)  # (B,)
         return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+    def _ending_tokens(self, stops: tuple[str, ...]) -> set[int] | None:
+        """Ids whose sampling can end a row: eos ids and, for ASCII stop strings, every token whose
+        text holds a stop string's last character (a stop string is completed by the newest token).
+        None when any token may end one (non-ASCII stop strings: per-token text is not exact)."""
+        if not stops:
+            return self._eos
+        if not all(s.isascii() for s in stops):
+            return None
+        if stops not in self._ending_cache:
+            last_chars = {s[-1] for s in stops}
+            table = self._token_table()
+            self._ending_cache[stops] = self._eos | {i for i, text in enumerate(table) if last_chars & set(text)}
+        return self._ending_cache[stops]
 
     def _finish_reason(self, row: _Row, params: SamplingParams, *, last_step: bool) -> FinishReason | None:
         if row.tokens[-1] in self._eos:
@@ -348,21 +381,34 @@ class HFEngine:
             self._token_text = self.tokenizer.batch_decode([[i] for i in range(size)])
         return self._token_text
 
-    def _store(self, row: _Row, cache: Any, mask: torch.Tensor, b: int) -> None:
+    def _store(self, row: _Row, cache: Any, b: int) -> None:
         """Keep row b's KV (its valid columns) under its session id: prompt + response[:-1]."""
         if not self.reuse_cache:
             return
-        cols = mask[b].nonzero().squeeze(1)  # (L,) valid key columns of this row, in order
-        kv = [(k[b : b + 1, :, cols], v[b : b + 1, :, cols]) for k, v in self._layer_kv(cache)]
+
+        def own_columns(t: torch.Tensor) -> torch.Tensor:  # (B, H_kv, K, D) -> (1, H_kv, L, D), a copy
+            fed = t[b : b + 1, :, row.fed_from :]  # new tokens + decoded tokens, up to the filled length
+            if row.reused_from == row.past:
+                return fed.clone()
+            return torch.cat([t[b : b + 1, :, row.reused_from : row.past], fed], dim=2)
+
+        kv = [(own_columns(k), own_columns(v)) for k, v in self._layer_kv(cache)]
         ids = list(row.request.prompt_ids) + row.tokens[:-1]
         if kv and kv[0][0].shape[2] != len(ids):
             raise RuntimeError(f"cache bookkeeping error: {kv[0][0].shape[2]} cached columns for {len(ids)} ids")
         self._sessions[row.request.session_id] = _Session(ids=ids, kv=kv)
 
-    def _to_generation(self, row: _Row) -> Generation:
+    def _decode(self, sequences: list[list[int]]) -> list[str]:
+        """Texts of the sampled ids (special tokens skipped): one batched call into a fast tokenizer's
+        Rust backend when decoding needs no Python-side clean-up, else ``tokenizer.decode`` per row."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return list(backend.decode_batch(sequences, skip_special_tokens=True))
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in sequences]
+
+    def _to_generation(self, row: _Row, text: str) -> Generation:
         if row.finish is None:
             raise RuntimeError(f"row {row.index} ended without a finish reason")
-        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         return Generation(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish, text=text)
 
     def _default_eos(self) -> set[int]:

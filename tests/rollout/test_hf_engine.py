@@ -239,3 +239,13 @@ def test_filter_logits_matches_a_loop_reference() -> None:
                     mass += p
                 keep = cut
             assert set(torch.isfinite(got).nonzero().squeeze(1).tolist()) == set(keep)
+
+
+def test_texts_equal_the_tokenizers_decode(policy) -> None:
+    """The batched decode (one call into the Rust backend) gives what tokenizer.decode gives per row."""
+    model, tok = policy
+    gens = HFEngine(model, tok).generate(
+        [GenerationRequest(f"t{i}", p) for i, p in enumerate(_prompts(tok, 8))],
+        SamplingParams(max_new_tokens=24, seed=3, stop_strings=()),
+    )
+    assert all(g.text == tok.decode(g.token_ids, skip_special_tokens=True) for g in gens)
