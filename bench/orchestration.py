@@ -7,10 +7,17 @@ preset and splits each iteration's wall time, from the timings the flow and the 
 * data plane  = everything else inside the stage functions: store reads/writes and manifests,
                 Great Expectations validation, freshness, filtering, checkpoint save/load
 * Prefect     = task-call wall time minus the stage functions' own wall time (task submission,
-                state tracking) + the flow's per-iteration bookkeeping (guard, artifacts, logging)
+                state tracking) + the flow's per-iteration bookkeeping (guard, the record-iteration
+                commit, artifacts, logging)
 
-Shares are the mean over the steady-state iterations (all but the first; iteration 0 also pays
-one-off costs such as building Great Expectations' context, reported separately).
+An iteration's wall time runs from its start to the next iteration's start (the flow stamps each),
+so nothing between two iterations is missed; the last iteration has no successor and is left out.
+
+Shares are the mean over the steady-state iterations: all but the first (iteration 0 also pays
+one-off costs such as building Great Expectations' context, reported separately) and but those that
+ran the periodic held-out evaluation (the run's last iteration always does: its extra time is
+evaluation rollouts, i.e. compute that the stage timings do not split out, so it is left out rather
+than counted as orchestration).
 
 Usage::
 
@@ -47,7 +54,10 @@ def main() -> None:
         rows = pipeline.history(pipeline.open_existing_run(str(Path(tmp) / "bench-orchestration")))
 
     shares = []
-    for row in rows:
+    # An iteration's whole wall time: from its start to the next iteration's start, so its own commit
+    # (record-iteration), artifacts, logging and guard count too. The last row has no successor.
+    starts = [row["timing/iteration_start_unix"] for row in rows]
+    for row, start, next_start in zip(rows[:-1], starts[:-1], starts[1:], strict=True):
         stage_walls = {  # the stage functions' own wall times
             "generate_tasks": None,
             "rollout": row["timing/rollout_s"],
@@ -55,7 +65,7 @@ def main() -> None:
             "update": row["timing/update_stage_s"],
         }
         task_walls = {k: row.get(f"timing/{k}_task_s", 0.0) for k in stage_walls}
-        iteration = row["timing/iteration_s"]
+        iteration = next_start - start
         compute = row["timing/rollout_compute_s"] + row["timing/update_s"]
         inside = sum(v for v in stage_walls.values() if v is not None)
         # generate_tasks and the batch write after filter are data plane with no inner timer:
@@ -74,12 +84,20 @@ def main() -> None:
             }
         )
 
-    first, steady = shares[0], shares[1:] or shares  # iteration 0 pays one-off costs (GX context build)
+    evaluated = [any(k.startswith("eval/") for k in row) for row in rows[: len(shares)]]
+    first = shares[0]  # iteration 0 pays one-off costs (GX context build)
+    steady = [s for s, ev in zip(shares[1:], evaluated[1:], strict=True) if not ev] or shares
 
     def mean(key: str) -> float:
         return statistics.fmean(s[key] for s in steady)
 
     it_s = mean("iteration_s")
+    steady_rows = [r for r, ev in zip(rows[1 : len(shares)], evaluated[1:], strict=True) if not ev] or rows
+    # where the non-compute time goes (means over the steady-state iterations, seconds)
+    timing_keys = sorted({k for r in steady_rows for k in r if k.startswith("timing/") and not k.endswith("_unix")})
+    breakdown = {
+        k.removeprefix("timing/"): round(statistics.fmean(r.get(k, 0.0) for r in steady_rows), 4) for k in timing_keys
+    }
     result = {
         "preset": args.preset,
         "iterations": len(rows),
@@ -91,6 +109,7 @@ def main() -> None:
         "prefect_share": round(mean("prefect_s") / it_s, 4),
         "orchestration_plus_data_share": round((mean("data_s") + mean("prefect_s")) / it_s, 4),
         "whole_run_s": round(total, 1),
+        "timings_s": breakdown,
         "summary_eval_after_rl": summary.get("eval_after_rl"),
     }
     print(json.dumps(result, indent=2))

@@ -234,7 +234,12 @@ def validate_table(
     """Run the suite on a batch table; no I/O. ``policy_version``/fingerprint: the manifest's."""
     frame = batch_frame(table)
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
-    result = batch.validate(build_suite(limits, policy_version, weights_fingerprint), result_format="BASIC")
+    suite = build_suite(limits, policy_version, weights_fingerprint)
+    # Pass/fail only on the hot path (~25% cheaper); a failing batch is validated again with the
+    # observed and unexpected values, which the quarantine record keeps.
+    result = batch.validate(suite, result_format="BOOLEAN_ONLY")
+    if not result.success:
+        result = batch.validate(suite, result_format="BASIC")
     failed = [expectation_name(r.expectation_config) for r in result.results if not r.success]
     as_json: dict[str, Any] = {
         "success": bool(result.success),

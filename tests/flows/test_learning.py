@@ -21,7 +21,7 @@ from ragen_tasks.training import checkpoint as ckpt
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
 
-LEARNING = {"iterations": 12, "warm_start.steps": 100, "eval.seeds": 64, "eval.every": 12}
+LEARNING = {"iterations": 16, "warm_start.steps": 100, "eval.seeds": 64, "eval.every": 16}
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from ragen_tasks import pipeline
 from ragen_tasks.training import checkpoint as ckpt
@@ -98,3 +99,24 @@ def test_crash_mid_iteration_then_rerun(tmp_path: Path, monkeypatch: pytest.Monk
     for stage in ("rollouts", "batch"):
         parquet = sorted(p.name for p in (run_dir / "iter_000001" / stage).glob("*.parquet"))
         assert len(parquet) == 1, parquet
+
+
+def test_in_memory_trainer_handoff_equals_reloading_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process updates take the trainer the previous update saved from memory; the run must be
+    bitwise the run that rebuilds it from the checkpoint files every iteration."""
+    from safetensors.torch import load_file
+
+    def final_state(run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        path = ckpt.step_dir(tmp_path / "runs" / run_id / "checkpoints", 3)
+        return load_file(str(path / "model.safetensors")), torch.load(path / "optim_actor.pt", weights_only=True)
+
+    _train(tmp_path, "handoff", 3)
+    monkeypatch.setattr(pipeline, "_keep_trainer", lambda run, trainer, step: None)  # every update reloads
+    pipeline._SAVED_TRAINER.clear()
+    _train(tmp_path, "reload", 3)
+    (weights_a, optim_a), (weights_b, optim_b) = final_state("handoff"), final_state("reload")
+    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    for i, state in optim_a["state"].items():
+        assert all(torch.equal(torch.as_tensor(v), torch.as_tensor(optim_b["state"][i][k])) for k, v in state.items())
