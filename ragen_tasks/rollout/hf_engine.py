@@ -68,6 +68,8 @@ class _Row:
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences."""
     n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case, a history extended by a turn: one C-level compare
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1

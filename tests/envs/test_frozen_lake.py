@@ -150,3 +150,14 @@ def test_truncation_after_max_actions() -> None:
     assert env.step("Left")[3] is False  # into the edge: valid, counted, not effective
     assert env.step("Up")[3] is True
     assert env.step("Right")[1:4] == (0.0, False, True)  # nothing moves after the limit
+
+
+def test_describe_positions_adds_the_rows_and_columns_under_the_board() -> None:
+    env = FrozenLakeEnv(desc=["FFG", "SFH"], is_slippery=False, describe_positions=True)
+    board, _ = env.reset(seed=0)
+    assert board == "__G\nP_O\nYou are at row 2, column 1. The goal is at row 1, column 3."
+    assert env.goal == (0, 2)
+    board, *_ = env.step("Right")
+    assert board.endswith("You are at row 2, column 2. The goal is at row 1, column 3.")
+    plain, _ = FrozenLakeEnv(desc=["FFG", "SFH"]).reset(seed=0)
+    assert plain == "__G\nP_O"  # off by default: the board alone
