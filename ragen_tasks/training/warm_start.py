@@ -43,6 +43,15 @@ _REASON = {
 }
 
 
+def demo_reasoning(env: TextGame) -> str:
+    """The demonstration's think text: a fixed sentence per game; on a FrozenLake that describes
+    positions, the demonstrator restates them (reading the state, not choosing the action)."""
+    if env.name == "frozen_lake" and env.config.describe_positions:  # type: ignore[attr-defined]
+        (row, col), goal = env.position, env.goal  # type: ignore[attr-defined]
+        return f"I am at row {row + 1}, column {col + 1}. The goal is at row {goal[0] + 1}, column {goal[1] + 1}."
+    return _REASON.get(env.name, "I act.")
+
+
 def demo_actions(env: TextGame, rng: np.random.Generator, max_actions: int, noise: float) -> list[str]:
     """The demonstrator's actions for the env's current state (at most ``max_actions``)."""
     names = list(env.action_names)
@@ -52,8 +61,7 @@ def demo_actions(env: TextGame, rng: np.random.Generator, max_actions: int, nois
     if env.name == "frozen_lake":
         from ragen_tasks.envs.frozen_lake import shortest_path
 
-        goal = next((r, row.index("G")) for r, row in enumerate(env.desc) if "G" in row)  # type: ignore[attr-defined]
-        plan = shortest_path(env.desc, env.position, goal)  # type: ignore[attr-defined]
+        plan = shortest_path(env.desc, env.position, env.goal)  # type: ignore[attr-defined]
     elif hasattr(env, "solve"):
         plan = env.solve()
     plan = list(plan or [])[:max_actions] or [names[int(rng.integers(len(names)))]]
@@ -88,7 +96,7 @@ class DemonstratorEngine:
             env = self._envs[request.session_id]
             actions = demo_actions(env, self.rng, self.agent.max_actions_per_turn, self.noise)
             answer = f"<answer>{' || '.join(actions)}</answer>"
-            text = f"<think>{_REASON.get(env.name, 'I act.')}</think>{answer}" if self.agent.think else answer
+            text = f"<think>{demo_reasoning(env)}</think>{answer}" if self.agent.think else answer
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))[: params.max_new_tokens]
             out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", text=text))
         return out
