@@ -9,6 +9,7 @@ PNG images embedded as base64, so the file can be copied or attached anywhere.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import html
 import io
 import json
@@ -19,11 +20,12 @@ from typing import Any
 
 from ragen_tasks.data.trajectory import Trajectory
 
-# (title, metric keys plotted together). Keys missing from the history are skipped.
+# (title, metric keys plotted together). Keys missing from the history are skipped; a ``*`` stands
+# for one path segment (an env name) and expands to every matching key present.
 PANELS: list[tuple[str, list[str]]] = [
-    ("Success rate (rollouts)", ["rollout/success"]),
+    ("Success rate (rollouts)", ["rollout/success", "rollout/*/success"]),  # per env in a mixture
     ("Trajectory reward (rollouts)", ["rollout/reward_mean"]),
-    ("Held-out evaluation success (-1 = before RL)", []),  # filled with every eval/*/success key present
+    ("Held-out evaluation success (-1 = before RL)", ["eval/*/success"]),
     ("In-group reward std (Echo Trap: collapses first)", ["rollout/in_group_std", "filter/kept_in_group_std_mean"]),
     ("Policy entropy", ["actor/entropy"]),
     ("Gradient norm (pre-clip)", ["actor/grad_norm"]),
@@ -31,6 +33,18 @@ PANELS: list[tuple[str, list[str]]] = [
     ("Think length (chars per turn)", ["rollout/think_length"]),
     ("Format error rate", ["rollout/format_error_rate"]),
 ]
+
+
+def _expand(patterns: Sequence[str], present: set[str]) -> list[str]:
+    """Panel keys with each ``*`` pattern replaced by the matching keys present (one segment per ``*``)."""
+    keys: list[str] = []
+    for pattern in patterns:
+        if "*" not in pattern:
+            keys.append(pattern)
+            continue
+        depth = pattern.count("/")
+        keys += sorted(k for k in present if k.count("/") == depth and fnmatch.fnmatchcase(k, pattern))
+    return keys
 
 
 def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -101,7 +115,7 @@ def write_report(
     summary: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the HTML report to ``path`` (atomically: temp file, then rename) and return it."""
-    eval_keys = sorted({k for row in history for k in row if k.startswith("eval/") and k.endswith("/success")})
+    present = {k for row in history for k in row}
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
@@ -123,7 +137,7 @@ def write_report(
         parts.append("</ul>")
     parts.append("<h2>Learning curves</h2><div>")
     for panel_title, keys in PANELS:
-        png = _plot_png(panel_title, keys or eval_keys, history, signals)
+        png = _plot_png(panel_title, _expand(keys, present), history, signals)
         if png:
             parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
     parts.append("</div>")

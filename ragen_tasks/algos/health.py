@@ -115,9 +115,14 @@ def rollout_health(
 
 
 def rollout_health_from_trajectories(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """``rollout_health`` of a list of ``Trajectory``; think length = characters per turn (stripped)."""
+    """``rollout_health`` of a list of ``Trajectory``; think length = characters per turn (stripped).
+
+    A batch that mixes games also gets, per game, ``rollout/<env>/success``,
+    ``rollout/<env>/reward_mean`` and ``rollout/<env>/format_error_rate`` (same definitions): the
+    mixture's averages hide a game that does not learn behind one that does.
+    """
     think_lengths = [_mean([float(len(t.strip())) for t in traj.turn_think]) for traj in trajs]
-    return rollout_health(
+    metrics = rollout_health(
         rewards=[traj.reward for traj in trajs],
         group_ids=[traj.group_id for traj in trajs],
         successes=[traj.success for traj in trajs],
@@ -126,6 +131,15 @@ def rollout_health_from_trajectories(trajs: Sequence[Trajectory]) -> dict[str, f
         turn_think_nonempty=[[bool(t.strip()) for t in traj.turn_think] for traj in trajs],
         turn_format_ok=[list(traj.turn_format_ok) for traj in trajs],
     )
+    envs = sorted({traj.env_name for traj in trajs})
+    for env in envs if len(envs) > 1 else ():
+        mine = [traj for traj in trajs if traj.env_name == env]
+        metrics[f"rollout/{env}/success"] = _mean([float(traj.success) for traj in mine])
+        metrics[f"rollout/{env}/reward_mean"] = _mean([traj.reward for traj in mine])
+        metrics[f"rollout/{env}/format_error_rate"] = _mean(
+            [float(not ok) for traj in mine for ok in traj.turn_format_ok]
+        )
+    return metrics
 
 
 def staleness_health(policy_versions: Sequence[int], trainer_version: int) -> dict[str, float]:

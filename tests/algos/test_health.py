@@ -93,6 +93,21 @@ def test_from_trajectories_matches_plain_call() -> None:
     assert got == pytest.approx(want)
 
 
+def test_a_mixture_also_gets_per_game_metrics() -> None:
+    from dataclasses import replace
+
+    trajs = [
+        _traj(0, 0, 1.0, ["a"], [True], 3),
+        _traj(1, 0, 0.0, ["b"], [True], 3),
+        replace(_traj(2, 1, 1.0, ["c", "d"], [False, True], 3), env_name="frozen_lake"),
+    ]
+    got = rollout_health_from_trajectories(trajs)
+    assert got["rollout/bandit/success"] == 0.5 and got["rollout/frozen_lake/success"] == 1.0
+    assert got["rollout/bandit/reward_mean"] == 0.5 and got["rollout/frozen_lake/format_error_rate"] == 0.5
+    assert got["rollout/success"] == pytest.approx(2 / 3)  # the mixture's own metrics are unchanged
+    assert not any(k.startswith("rollout/bandit/") for k in rollout_health_from_trajectories(trajs[:2]))
+
+
 def test_staleness_and_mean_metrics() -> None:
     assert staleness_health([3, 5, 5], 5) == {"rollout/staleness_mean": 2 / 3, "rollout/staleness_max": 2.0}
     avg = mean_metrics([{"actor/entropy": torch.tensor(1.0), "a": 2.0}, {"actor/entropy": torch.tensor(3.0)}])
