@@ -58,10 +58,9 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish: FinishReason | None = None
-    # this row's key columns: [reused_from, past) hold its reused KV, [fed_from, ...) its new
-    # tokens and then one column per decode step (set by _prefill)
+    # this row's key columns: [reused_from, reused_from + reuse) hold its reused KV, [fed_from, ...)
+    # its new tokens and then one column per decode step (set by _prefill)
     reused_from: int = 0
-    past: int = 0
     fed_from: int = 0
 
 
@@ -246,7 +245,7 @@ class HFEngine:
         for r in rows:
             suffix = list(r.request.prompt_ids[r.reuse :])
             pad = new - len(suffix)
-            r.reused_from, r.past, r.fed_from = past - r.reuse, past, past + pad
+            r.reused_from, r.fed_from = past - r.reuse, past + pad
             id_rows.append([pad_id] * pad + suffix)
             pos_rows.append([0] * pad + list(range(r.reuse, r.reuse + len(suffix))))
             valid_rows.append([False] * (past - r.reuse) + [True] * r.reuse + [False] * pad + [True] * len(suffix))
@@ -390,9 +389,9 @@ class HFEngine:
 
         def own_columns(t: torch.Tensor) -> torch.Tensor:  # (B, H_kv, K, D) -> (1, H_kv, L, D), a copy
             fed = t[b : b + 1, :, row.fed_from :]  # new tokens + decoded tokens, up to the filled length
-            if row.reused_from == row.past:
+            if row.reuse == 0:
                 return fed.clone()
-            return torch.cat([t[b : b + 1, :, row.reused_from : row.past], fed], dim=2)
+            return torch.cat([t[b : b + 1, :, row.reused_from : row.reused_from + row.reuse], fed], dim=2)
 
         kv = [(own_columns(k), own_columns(v)) for k, v in self._layer_kv(cache)]
         ids = list(row.request.prompt_ids) + row.tokens[:-1]
