@@ -61,9 +61,14 @@ class KVCache:
         self.length += n
 
     def select(self, idx: torch.Tensor) -> None:
-        """Keep batch rows idx only."""
-        self.keys = [k[idx] for k in self.keys]
-        self.values = [v[idx] for v in self.values]
+        """Keep batch rows idx only (copies the filled columns; the rest of the capacity stays unset)."""
+        self.keys = [self._take(k, idx) for k in self.keys]
+        self.values = [self._take(v, idx) for v in self.values]
+
+    def _take(self, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        out = t.new_empty((len(idx), *t.shape[1:]))  # (B', H_kv, capacity, D)
+        torch.index_select(t[:, :, : self.length], 0, idx, out=out[:, :, : self.length])
+        return out
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer filled (keys, values), each (B, H_kv, length, D)."""
