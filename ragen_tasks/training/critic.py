@@ -59,6 +59,7 @@ def token_logprobs(
     *,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Aligned per-token log-probs (and entropies) of ``input_ids`` under ``model``.
 
@@ -66,12 +67,32 @@ def token_logprobs(
     column t describes token t (predicted by the logits at t - 1) and column 0 is 0. The (B, T, V)
     logits are sliced, never copied or concatenated. ``entropy_grad=False`` computes the entropy
     without building its autograd graph (a metric only, not a loss term).
+
+    ``positions``: (B, T) bool, True = column t is wanted. The model then projects onto the
+    vocabulary only at the columns some row wants (its own ``logits_to_keep``; on a small model the
+    projection and the softmax are a large share of the pass, and the prompt's columns are never
+    wanted); a column no row wants is 0. None = every column.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    pred = logits[:, :-1]  # (B, T-1, V): row t predicts token t + 1
-    logp = F.pad(logprobs_from_logits(pred, input_ids[:, 1:]).float(), (1, 0))  # (B, T)
-    entropy = None
-    if with_entropy:
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+        pred = logits[:, :-1]  # (B, T-1, V): row t predicts token t + 1
+        logp = F.pad(logprobs_from_logits(pred, input_ids[:, 1:]).float(), (1, 0))  # (B, T)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = F.pad(entropy_from_logits(pred.float()), (1, 0))  # (B, T)
+        return logp, entropy
+    # (K,) network positions whose logits predict a wanted token (position j predicts token j + 1)
+    keep = positions[:, 1:].any(dim=0).nonzero().squeeze(1)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # (B, T)
+    entropy_out = torch.zeros_like(out) if with_entropy else None
+    if keep.numel() == 0:
+        return out, entropy_out
+    pred = model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep
+    ).logits  # (B, K, V): column k predicts token keep[k] + 1
+    out[:, keep + 1] = logprobs_from_logits(pred, input_ids[:, keep + 1]).float()
+    if entropy_out is not None:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = F.pad(entropy_from_logits(pred.float()), (1, 0))  # (B, T)
-    return logp, entropy
+            entropy_out[:, keep + 1] = entropy_from_logits(pred.float())
+    return out, entropy_out

@@ -52,7 +52,10 @@ def _forward_logprobs(model: nn.Module, batch: TokenBatch, micro: int, ctx: Trai
         rows = torch.arange(start, min(start + micro, batch.batch_size))
         mb = batch.select(rows)
         with ctx.forward_context() if ctx is not None else contextlib.nullcontext():
-            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask)  # (b, t): log p(token t | < t)
+            # (b, t) log p(token t | < t) wherever a token is sampled or trained on (0 elsewhere)
+            logp, _ = token_logprobs(
+                model, mb.input_ids, mb.attention_mask, positions=(mb.loss_mask + mb.response_mask) > 0
+            )
         out[rows, : mb.seq_len] = logp * mb.attention_mask
     return out
 
@@ -188,7 +191,8 @@ def ppo_update(
                         mb.attention_mask,
                         with_entropy=algo.entropy_coef > 0 or i == 0,
                         entropy_grad=algo.entropy_coef > 0,
-                    )  # (b, t)
+                        positions=mb.loss_mask > 0,
+                    )  # (b, t) real where loss_mask = 1, the only tokens the losses read
                 loss, m = ppo_policy_loss(
                     logprobs,
                     old_lp,

@@ -160,3 +160,32 @@ def test_cuda_update_matches_cpu_update() -> None:
         assert m_gpu[key] == pytest.approx(m_cpu[key], rel=1e-3, abs=1e-5), key
     for name, value in w_cpu.items():
         torch.testing.assert_close(w_gpu[name], value, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_token_logprobs_at_wanted_positions_equal_the_full_pass_with_the_same_gradients() -> None:
+    from ragen_tasks.training.critic import token_logprobs
+
+    torch.manual_seed(0)
+    actor = tiny_actor(seed=0)
+    ids = torch.randint(2, 60, (3, 12))  # (B, T)
+    attention = torch.ones_like(ids)
+    attention[0, :3] = 0  # a left-padded row
+    wanted = torch.zeros_like(ids, dtype=torch.bool)  # (B, T) True = the log-prob of token t is needed
+    wanted[0, 5:8] = True
+    wanted[2, 9:] = True
+    full, full_entropy = token_logprobs(actor, ids, attention, with_entropy=True, entropy_grad=True)
+    part, part_entropy = token_logprobs(actor, ids, attention, with_entropy=True, entropy_grad=True, positions=wanted)
+    assert part_entropy is not None and full_entropy is not None
+    torch.testing.assert_close(part[wanted], full[wanted], rtol=0, atol=1e-6)
+    torch.testing.assert_close(part_entropy[wanted], full_entropy[wanted], rtol=0, atol=1e-6)
+    no_row_wants = ~wanted.any(dim=0)  # (T,) columns never projected onto the vocabulary
+    assert no_row_wants.any() and (part[:, no_row_wants] == 0).all()
+    grads = []
+    for logp in (full, part):
+        actor.zero_grad()
+        (logp * wanted).sum().backward(retain_graph=True)
+        grads.append([p.grad.clone() for p in actor.parameters()])
+    for g_full, g_part in zip(*grads, strict=True):
+        torch.testing.assert_close(g_part, g_full, rtol=1e-5, atol=1e-6)
+    nothing = token_logprobs(actor, ids, attention, positions=torch.zeros_like(wanted))[0]
+    assert (nothing == 0).all()
