@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -51,10 +51,12 @@ class FrozenLakeConfig(GameConfig):
         1.0 / 3.0, gt=0, le=1, description="probability of the intended direction when slippery (Gymnasium's)"
     )
     generation_tries: int = Field(1000, ge=1, description="random maps drawn before giving up (path must exist)")
-    describe_positions: bool = Field(
-        False,
-        description="add a line with the player's and the goal's row and column under the board (small models "
-        "read positions from it far more easily than from the grid's tokens)",
+    position_hint: Literal["none", "coordinates", "directions"] = Field(
+        "none",
+        description="a line under the board for small models, which cannot read positions from the grid's "
+        "tokens: 'coordinates' gives the player's and the goal's row and column, 'directions' where the goal "
+        "lies from the player in action names (e.g. 'The goal is Down 2 and Left 1 from you.'); holes are "
+        "only on the board",
     )
 
     @field_validator("desc")
@@ -139,6 +141,24 @@ def generate_map(rng: np.random.Generator, size: int, p_frozen: float, tries: in
         f"frozen_lake: no {size}x{size} map with a path from start to goal in {tries} tries at "
         f"p_frozen={p_frozen}; raise p_frozen or generation_tries"
     )
+
+
+def position_hint(position: tuple[int, int], goal: tuple[int, int], kind: str) -> str:
+    """The text of ``FrozenLakeConfig.position_hint`` for a player at ``position`` ((row, col))."""
+    if kind == "none":
+        return ""
+    (row, col), (goal_row, goal_col) = position, goal
+    if kind == "coordinates":
+        return f"You are at row {row + 1}, column {col + 1}. The goal is at row {goal_row + 1}, column {goal_col + 1}."
+    steps = [
+        f"{name} {abs(delta)}"
+        for name, delta in (
+            ("Down" if goal_row > row else "Up", goal_row - row),
+            ("Right" if goal_col > col else "Left", goal_col - col),
+        )
+        if delta
+    ]
+    return f"The goal is {' and '.join(steps)} from you." if steps else "You are on the goal."
 
 
 # table[s][a] = ((probability, next_state), ...): immutable, so one table can serve many envs
@@ -258,12 +278,9 @@ class FrozenLakeEnv(TextGame):
             cells = [_TILE_SYMBOL[ch] for ch in self._flat]
             cells[self._state] = _PLAYER_SYMBOL[self._flat[self._state]]
             board = "\n".join("".join(cells[i : i + self._ncol]) for i in range(0, len(cells), self._ncol))
-            if self.config.describe_positions:
-                (row, col), (goal_row, goal_col) = self.position, self.goal
-                board += (
-                    f"\nYou are at row {row + 1}, column {col + 1}. "
-                    f"The goal is at row {goal_row + 1}, column {goal_col + 1}."
-                )
+            hint = position_hint(self.position, self.goal, self.config.position_hint)
+            if hint:
+                board += "\n" + hint
             self._boards[self._state] = board
         return board
 

@@ -10,6 +10,9 @@ not the answer:
 * FrozenLake / Sokoban demonstrations follow the solvers (FrozenLake: shortest path ignoring
   slip, re-planned every turn), with a fraction of actions replaced by random ones,
   so the warm-started policy is a noisy solver and RL has to improve on it (``warm_start.demo_noise``).
+  On a FrozenLake with a ``position_hint``, the demonstrator's reasoning restates the hint: a small
+  model learns to copy it far sooner than to act on it directly (measured: first-action accuracy
+  0.83 after 400 steps when the hint is restated, 0.29 when the reasoning is a fixed sentence).
 
 Demonstrations are played through the real multi-turn loop (``run_rollouts``) by a demonstrator
 engine, so their token layout (prompt, response, observation glue) is exactly what RL trains on.
@@ -33,6 +36,7 @@ from ragen_tasks.envs.base import TextGame
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
+from ragen_tasks.training.critic import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +48,12 @@ _REASON = {
 
 
 def demo_reasoning(env: TextGame) -> str:
-    """The demonstration's think text: a fixed sentence per game; on a FrozenLake that describes
-    positions, the demonstrator restates them (reading the state, not choosing the action)."""
-    if env.name == "frozen_lake" and env.config.describe_positions:  # type: ignore[attr-defined]
-        (row, col), goal = env.position, env.goal  # type: ignore[attr-defined]
-        return f"I am at row {row + 1}, column {col + 1}. The goal is at row {goal[0] + 1}, column {goal[1] + 1}."
+    """The demonstration's think text: a fixed sentence per game; on a FrozenLake with a position
+    hint, the demonstrator restates the hint (reading the state, not choosing the action)."""
+    if env.name == "frozen_lake" and env.config.position_hint != "none":  # type: ignore[attr-defined]
+        from ragen_tasks.envs.frozen_lake import position_hint
+
+        return position_hint(env.position, env.goal, env.config.position_hint)  # type: ignore[attr-defined]
     return _REASON.get(env.name, "I act.")
 
 
@@ -146,10 +151,9 @@ def supervised_steps(
         mb = batch.select(rows)  # trimmed to the minibatch's longest row
         ids = mb.input_ids  # (b, T)
         attention = mb.attention_mask  # (b, T) 1 = real token
-        target_mask = mb.loss_mask[:, 1:].float()  # (b, T-1) 1 = a demonstrated response token
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (b, T-1, V) predicts ids[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (b, T-1)
-        loss = (nll * target_mask).sum() / target_mask.sum().clamp(min=1.0)
+        targets = mb.loss_mask > 0  # (b, T) True = a demonstrated response token
+        logp, _ = token_logprobs(model, ids, attention, positions=targets)  # (b, T)
+        loss = -(logp * targets).sum() / targets.sum().clamp(min=1)  # mean negative log-likelihood of the targets
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -152,8 +152,8 @@ def test_truncation_after_max_actions() -> None:
     assert env.step("Right")[1:4] == (0.0, False, True)  # nothing moves after the limit
 
 
-def test_describe_positions_adds_the_rows_and_columns_under_the_board() -> None:
-    env = FrozenLakeEnv(desc=["FFG", "SFH"], is_slippery=False, describe_positions=True)
+def test_position_hint_coordinates_adds_the_rows_and_columns_under_the_board() -> None:
+    env = FrozenLakeEnv(desc=["FFG", "SFH"], is_slippery=False, position_hint="coordinates")
     board, _ = env.reset(seed=0)
     assert board == "__G\nP_O\nYou are at row 2, column 1. The goal is at row 1, column 3."
     assert env.goal == (0, 2)
@@ -161,3 +161,20 @@ def test_describe_positions_adds_the_rows_and_columns_under_the_board() -> None:
     assert board.endswith("You are at row 2, column 2. The goal is at row 1, column 3.")
     plain, _ = FrozenLakeEnv(desc=["FFG", "SFH"]).reset(seed=0)
     assert plain == "__G\nP_O"  # off by default: the board alone
+
+
+def test_position_hint_directions_names_the_actions_toward_the_goal() -> None:
+    env = FrozenLakeEnv(desc=["FFG", "SFH"], is_slippery=False, position_hint="directions")
+    board, _ = env.reset(seed=0)
+    assert board == "__G\nP_O\nThe goal is Up 1 and Right 2 from you."
+    assert env.step("Up")[0].endswith("\nThe goal is Right 2 from you.")  # a zero offset is left out
+    assert env.step("Right")[0].endswith("\nThe goal is Right 1 from you.")
+    board, reward, terminated, *_ = env.step("Right")
+    assert (board, reward, terminated) == ("__√\n__O\nYou are on the goal.", 1.0, True)
+    lake = FrozenLakeEnv(desc=["SF", "HG"], position_hint="directions")
+    assert lake.reset(seed=0)[0].endswith("The goal is Down 1 and Right 1 from you.")
+
+
+def test_position_hint_rejects_an_unknown_kind_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"position_hint.*'none', 'coordinates' or 'directions'"):
+        FrozenLakeEnv(position_hint="compass")

@@ -1,17 +1,18 @@
 """Warm-start demonstrations: what the demonstrator writes in its reasoning."""
 
+import pytest
+
 from ragen_tasks.envs import make
 from ragen_tasks.training.warm_start import demo_reasoning
 
 
-def test_frozen_lake_demonstrator_restates_the_positions_the_board_describes() -> None:
-    env = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False, describe_positions=True)
+@pytest.mark.parametrize("hint", ["coordinates", "directions"])
+def test_frozen_lake_demonstrator_restates_the_position_hint_under_the_board(hint: str) -> None:
+    env = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False, position_hint=hint)
     board, _ = env.reset(seed=0)
-    reasoning = demo_reasoning(env)
-    assert reasoning == "I am at row 2, column 1. The goal is at row 1, column 3."
-    assert board.endswith("You are at row 2, column 1. The goal is at row 1, column 3.")  # read, not invented
-    env.step("Right")
-    assert demo_reasoning(env).startswith("I am at row 2, column 2.")
+    assert board.endswith("\n" + demo_reasoning(env))  # read from the observation, not invented
+    board, *_ = env.step("Right")
+    assert board.endswith("\n" + demo_reasoning(env))
 
 
 def test_without_described_positions_the_reasoning_is_a_fixed_sentence() -> None:
