@@ -33,6 +33,7 @@ from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.base import TextGame
+from ragen_tasks.envs.frozen_lake import position_hint, shortest_path
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
@@ -51,8 +52,6 @@ def demo_reasoning(env: TextGame) -> str:
     """The demonstration's think text: a fixed sentence per game; on a FrozenLake with a position
     hint, the demonstrator restates the hint (reading the state, not choosing the action)."""
     if env.name == "frozen_lake" and env.config.position_hint != "none":  # type: ignore[attr-defined]
-        from ragen_tasks.envs.frozen_lake import position_hint
-
         return position_hint(env.position, env.goal, env.config.position_hint)  # type: ignore[attr-defined]
     return _REASON.get(env.name, "I act.")
 
@@ -64,8 +63,6 @@ def demo_actions(env: TextGame, rng: np.random.Generator, max_actions: int, nois
         return [names[int(rng.integers(len(names)))]]  # arm-neutral by construction
     plan: list[str] | None = None
     if env.name == "frozen_lake":
-        from ragen_tasks.envs.frozen_lake import shortest_path
-
         plan = shortest_path(env.desc, env.position, env.goal)  # type: ignore[attr-defined]
     elif hasattr(env, "solve"):
         plan = env.solve()
