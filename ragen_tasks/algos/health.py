@@ -132,13 +132,11 @@ def rollout_health_from_trajectories(trajs: Sequence[Trajectory]) -> dict[str, f
         turn_format_ok=[list(traj.turn_format_ok) for traj in trajs],
     )
     envs = sorted({traj.env_name for traj in trajs})
-    for env in envs if len(envs) > 1 else ():
-        mine = [traj for traj in trajs if traj.env_name == env]
-        metrics[f"rollout/{env}/success"] = _mean([float(traj.success) for traj in mine])
-        metrics[f"rollout/{env}/reward_mean"] = _mean([traj.reward for traj in mine])
-        metrics[f"rollout/{env}/format_error_rate"] = _mean(
-            [float(not ok) for traj in mine for ok in traj.turn_format_ok]
-        )
+    if len(envs) > 1:
+        for env in envs:  # each game's own batch: one game, so no further split
+            own = rollout_health_from_trajectories([traj for traj in trajs if traj.env_name == env])
+            for key in ("success", "reward_mean", "format_error_rate"):
+                metrics[f"rollout/{env}/{key}"] = own[f"rollout/{key}"]
     return metrics
 
 
