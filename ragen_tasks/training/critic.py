@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ragen_tasks.algos.losses import entropy_from_logits, logprobs_from_logits
@@ -64,24 +63,17 @@ def token_logprobs(
     """Aligned per-token log-probs (and entropies) of ``input_ids`` under ``model``.
 
     input_ids, attention_mask: (B, T). Returns ``(logprobs (B, T), entropy (B, T) or None)`` where
-    column t describes token t (predicted by the logits at t - 1) and column 0 is 0. The (B, T, V)
-    logits are sliced, never copied or concatenated. ``entropy_grad=False`` computes the entropy
-    without building its autograd graph (a metric only, not a loss term).
+    column t describes token t (predicted by the logits at t - 1) and column 0 is 0.
+    ``entropy_grad=False`` computes the entropy without building its autograd graph (a metric
+    only, not a loss term).
 
-    ``positions``: (B, T) bool, True = column t is wanted. The model then projects onto the
-    vocabulary only at the columns some row wants (its own ``logits_to_keep``; on a small model the
-    projection and the softmax are a large share of the pass, and the prompt's columns are never
-    wanted); a column no row wants is 0. None = every column.
+    ``positions``: (B, T) bool, True = column t is wanted; None = every column. The model projects
+    onto the vocabulary only at the columns some row wants (its own ``logits_to_keep``; on a small
+    model the projection and the softmax are a large share of the pass, and the prompt's columns
+    are never wanted); a column no row wants is 0.
     """
     if positions is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-        pred = logits[:, :-1]  # (B, T-1, V): row t predicts token t + 1
-        logp = F.pad(logprobs_from_logits(pred, input_ids[:, 1:]).float(), (1, 0))  # (B, T)
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = F.pad(entropy_from_logits(pred.float()), (1, 0))  # (B, T)
-        return logp, entropy
+        positions = torch.ones_like(input_ids, dtype=torch.bool)
     # (K,) network positions whose logits predict a wanted token (position j predicts token j + 1)
     keep = positions[:, 1:].any(dim=0).nonzero().squeeze(1)
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # (B, T)
