@@ -153,7 +153,7 @@ class HFEngine:
             self._fast_model = FastQwen2(self.model) if self._use_fast else None
             cache, mask, pos, logits = self._prefill(rows, params.max_new_tokens)
             # batch line -> its row. A finished row stays in the batch (its samples ignored) until a
-            # quarter of the lines are finished: compacting copies the whole KV cache, so it is batched.
+            # quarter of the lines are finished: compacting copies every kept row's KV, so it is batched.
             lines = list(rows)
             live = len(lines)
             may_end = self._ending_tokens(params.stop_strings)  # None: any token may complete a stop string
