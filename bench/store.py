@@ -154,7 +154,7 @@ def main() -> None:
     print(
         f"great_expectations import: {gx_import * 1e3:.0f} ms; first validation (context build): {gx_first * 1e3:.0f} ms"
     )
-    n_exp = len(build_suite(BatchLimits(-50, 50, 4096, 5), 3, FP).expectations)
+    n_exp = len(build_suite(BatchLimits(-50, 50, 4096, 5)).expectations)
     print(f"GX suite: {n_exp} expectations on a flat {args.trajectories}-row frame")
     print(f"of write+commit, Trajectory list -> Arrow (trajectory.to_table): {convert * 1e3:.0f} ms")
     keys = list(next(iter(results.values())))

@@ -15,7 +15,13 @@ import pytest
 from ragen_tasks.data.manifest import ManifestError
 from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import to_table
-from ragen_tasks.validation.batch import BatchLimits, BatchValidationError, validate_stored_batch, validate_table
+from ragen_tasks.validation.batch import (
+    BatchLimits,
+    BatchValidationError,
+    build_suite,
+    validate_stored_batch,
+    validate_table,
+)
 
 _spec = importlib.util.spec_from_file_location("_data_factory", Path(__file__).parents[1] / "data" / "_factory.py")
 assert _spec is not None and _spec.loader is not None
@@ -37,10 +43,13 @@ def test_good_batch_passes() -> None:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda t: dataclasses.replace(t, reward=math.nan), "expect_column_values_to_be_in_set(reward_finite)"),
+        (
+            lambda t: dataclasses.replace(t, reward=math.nan),
+            "expect_column_values_to_be_in_set(row_problems: reward_not_finite)",
+        ),
         (
             lambda t: dataclasses.replace(t, turn_rewards=[math.inf, 0.0]),
-            "expect_column_values_to_be_in_set(reward_finite)",
+            "expect_column_values_to_be_in_set(row_problems: reward_not_finite)",
         ),
         (lambda t: dataclasses.replace(t, reward=50.0), "expect_column_values_to_be_between(reward)"),
         (
@@ -54,11 +63,15 @@ def test_good_batch_passes() -> None:
         ),
         (
             lambda t: dataclasses.replace(t, loss_mask=[1, *t.loss_mask[1:]]),
-            "expect_column_values_to_be_in_set(masks_well_formed)",
+            "expect_column_values_to_be_in_set(row_problems: masks_malformed)",
         ),
         (
             lambda t: dataclasses.replace(t, rollout_logprobs=t.rollout_logprobs[:-1]),
-            "expect_column_values_to_be_in_set(lists_aligned)",
+            "expect_column_values_to_be_in_set(row_problems: lists_misaligned)",
+        ),
+        (
+            lambda t: dataclasses.replace(t, rollout_logprobs=[math.nan, *t.rollout_logprobs[1:]]),
+            "expect_column_values_to_be_in_set(row_problems: logprobs_not_finite)",
         ),
         (lambda t: dataclasses.replace(t, status="exploded"), "expect_column_values_to_be_in_set(status)"),
         (lambda t: dataclasses.replace(t, traj_id="t00000"), "expect_column_values_to_be_unique(traj_id)"),
@@ -69,6 +82,28 @@ def test_each_failure_is_named(change, expected: str) -> None:  # type: ignore[n
     batch[3] = change(batch[3])
     failed = _validate(batch)
     assert expected in failed, failed
+
+
+def test_row_problems_name_every_problem_of_every_row() -> None:
+    batch = factory.make_batch(8)
+    batch[1] = dataclasses.replace(batch[1], reward=math.inf, loss_mask=[1, *batch[1].loss_mask[1:]])
+    batch[5] = dataclasses.replace(batch[5], turn_starts=[*batch[5].turn_starts, 0])
+    failed = _validate(batch)
+    assert "expect_column_values_to_be_in_set(row_problems: lists_misaligned, masks_malformed, reward_not_finite)" in (
+        failed
+    )
+
+
+def test_versions_are_suite_parameters_of_one_cached_suite() -> None:
+    """The suite is built once per limits; each validation checks against the manifest it is given."""
+    assert build_suite(LIMITS) is build_suite(LIMITS)
+    batch4 = [dataclasses.replace(t, policy_version=4) for t in factory.make_batch(4)]
+    table = to_table(batch4)
+    assert validate_table(table, limits=LIMITS, policy_version=4, weights_fingerprint="f" * 64).success
+    failed = validate_table(table, limits=LIMITS, policy_version=3, weights_fingerprint="f" * 64).failed
+    assert failed == ["expect_column_values_to_be_in_set(policy_version)"]
+    failed = validate_table(table, limits=LIMITS, policy_version=4, weights_fingerprint="e" * 64).failed
+    assert failed == ["expect_column_values_to_be_in_set(weights_fingerprint)"]
 
 
 def test_length_limits() -> None:
@@ -106,7 +141,7 @@ def test_failing_batch_is_quarantined(backend: str, tmp_path: Path, request: pyt
     with pytest.raises(BatchValidationError) as err:
         validate_stored_batch(store, "run1", 4, "batch", limits=LIMITS)
     msg = str(err.value)
-    for name in ("reward_finite", "policy_loss_tokens", "policy_version"):
+    for name in ("reward_not_finite", "policy_loss_tokens", "policy_version"):
         assert name in msg
     assert err.value.quarantine_uri and "run1/quarantine/iter_000004/batch" in err.value.quarantine_uri
     assert not store.has_manifest("run1", 4, "batch")  # no longer committed: never trained on
