@@ -28,10 +28,14 @@ policy_versions     (B,)      int64   policy version that sampled each trajector
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from itertools import chain
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
-from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.data.trajectory import TOKEN_FIELDS, Trajectory
 
 
 @dataclass(frozen=True)
@@ -86,39 +90,111 @@ def collate(trajectories: list[Trajectory], *, pad_id: int = 0) -> TokenBatch:
         raise ValueError("collate: got 0 trajectories; pass at least one")
     for traj in trajectories:
         traj.check()
-        if traj.num_tokens == 0:
-            raise ValueError(f"trajectory {traj.traj_id}: input_ids is empty")
-        if traj.loss_mask[0]:
-            raise ValueError(
-                f"trajectory {traj.traj_id}: loss_mask[0]=1 but token 0 has no context; "
-                "every trajectory must start with at least one prompt token"
-            )
-        if not any(traj.loss_mask):
-            raise ValueError(
-                f"trajectory {traj.traj_id}: loss_mask is all 0 (no token to train on); drop it before collating"
-            )
-    b = len(trajectories)
-    t = max(traj.num_tokens for traj in trajectories)
-    input_ids = torch.full((b, t), pad_id, dtype=torch.int64)
-    attention_mask = torch.zeros((b, t), dtype=torch.int64)
-    response_mask = torch.zeros((b, t), dtype=torch.float32)
-    loss_mask = torch.zeros((b, t), dtype=torch.float32)
-    rollout_logprobs = torch.zeros((b, t), dtype=torch.float32)
-    for i, traj in enumerate(trajectories):
-        n = traj.num_tokens
-        input_ids[i, :n] = torch.tensor(traj.input_ids, dtype=torch.int64)
-        attention_mask[i, :n] = 1
-        response_mask[i, :n] = torch.tensor(traj.response_mask, dtype=torch.float32)
-        loss_mask[i, :n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
-        rollout_logprobs[i, :n] = torch.tensor(traj.rollout_logprobs, dtype=torch.float32) * response_mask[i, :n]
+    lengths = np.array([traj.num_tokens for traj in trajectories], dtype=np.int64)  # (B,)
+    total = int(lengths.sum())
+    flat = {  # each (total,): the trajectories' lists concatenated
+        name: np.fromiter(chain.from_iterable(getattr(traj, name) for traj in trajectories), dtype, total)
+        for name, dtype in _TOKEN_DTYPES.items()
+    }
+    return _padded_batch(
+        [traj.traj_id for traj in trajectories],
+        lengths,
+        flat,
+        rewards=np.array([traj.reward for traj in trajectories]),
+        group_ids=np.array([traj.group_id for traj in trajectories]),
+        policy_versions=np.array([traj.policy_version for traj in trajectories]),
+        pad_id=pad_id,
+    )
+
+
+def collate_table(table: pa.Table, *, pad_id: int = 0) -> TokenBatch:
+    """The same :class:`TokenBatch` as ``collate(from_table(table))``, straight from an
+    ``ARROW_SCHEMA`` table (a stored batch) without building a Python object per token.
+
+    Checks what padding needs (token lists aligned, a trained token in every row, none at position
+    0), with the same errors as :func:`collate`; a stored batch's other invariants are the batch
+    validation's job (Great Expectations ran on it before it was committed for training).
+    """
+    if table.num_rows == 0:
+        raise ValueError("collate_table: got 0 trajectories; pass at least one")
+    traj_ids = table.column("traj_id").to_pylist()
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)  # (B,)
+    for name in TOKEN_FIELDS[1:]:
+        other = pc.list_value_length(table.column(name)).to_numpy()  # (B,)
+        for row in np.flatnonzero(other != lengths)[:1]:
+            raise ValueError(f"trajectory {traj_ids[row]}: len({name})={other[row]} != len(input_ids)={lengths[row]}")
+    flat = {  # each (total,): the rows' lists concatenated (a writable copy: Arrow's memory is read-only)
+        name: pc.list_flatten(table.column(name)).to_numpy(zero_copy_only=False).astype(dtype)
+        for name, dtype in _TOKEN_DTYPES.items()
+    }
+    return _padded_batch(
+        traj_ids,
+        lengths,
+        flat,
+        rewards=table.column("reward").to_numpy(),
+        group_ids=table.column("group_id").to_numpy(),
+        policy_versions=table.column("policy_version").to_numpy(),
+        pad_id=pad_id,
+    )
+
+
+# The per-token fields a TokenBatch holds, with the dtype of their flat (concatenated) form.
+_TOKEN_DTYPES: dict[str, type[np.int64 | np.float32]] = {
+    "input_ids": np.int64,
+    "response_mask": np.float32,
+    "loss_mask": np.float32,
+    "rollout_logprobs": np.float32,
+}
+
+
+def _padded_batch(
+    traj_ids: list[str],
+    lengths: np.ndarray,
+    flat: dict[str, np.ndarray],
+    *,
+    rewards: np.ndarray,
+    group_ids: np.ndarray,
+    policy_versions: np.ndarray,
+    pad_id: int,
+) -> TokenBatch:
+    """Check and pad B trajectories given as ``lengths`` (B,) and, per field of ``_TOKEN_DTYPES``,
+    ``flat[name]`` (sum of lengths,): the rows' lists concatenated in row order."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # (B,) first token of each row
+    loss = flat["loss_mask"]  # (total,)
+    for row in np.flatnonzero(lengths == 0)[:1]:
+        raise ValueError(f"trajectory {traj_ids[row]}: input_ids is empty")
+    for row in np.flatnonzero(loss[starts] != 0)[:1]:
+        raise ValueError(
+            f"trajectory {traj_ids[row]}: loss_mask[0]=1 but token 0 has no context; "
+            "every trajectory must start with at least one prompt token"
+        )
+    trained = np.add.reduceat(loss != 0, starts) if len(loss) else np.zeros(len(lengths))  # (B,) tokens with loss
+    for row in np.flatnonzero(trained == 0)[:1]:
+        raise ValueError(
+            f"trajectory {traj_ids[row]}: loss_mask is all 0 (no token to train on); drop it before collating"
+        )
+    b, t = len(lengths), int(lengths.max())
+    lengths_t = torch.tensor(lengths, dtype=torch.int64)
+    # (B, T) True on each row's real tokens. Its True cells in row-major order are the rows' tokens
+    # concatenated, so one masked assignment per field fills every row (instead of one per row).
+    real = torch.arange(t)[None, :] < lengths_t[:, None]
+
+    def padded(name: str, pad: float) -> torch.Tensor:
+        """(B, T) field ``name``, right padded with ``pad``."""
+        values = torch.from_numpy(flat[name])  # (total,)
+        out = torch.full((b, t), pad, dtype=values.dtype)
+        out[real] = values
+        return out
+
+    response_mask = padded("response_mask", 0.0)
     return TokenBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=padded("input_ids", pad_id),
+        attention_mask=real.to(torch.int64),
         response_mask=response_mask,
-        loss_mask=loss_mask,
-        rollout_logprobs=rollout_logprobs,
-        rewards=torch.tensor([traj.reward for traj in trajectories], dtype=torch.float32),
-        group_ids=torch.tensor([traj.group_id for traj in trajectories], dtype=torch.int64),
-        lengths=torch.tensor([traj.num_tokens for traj in trajectories], dtype=torch.int64),
-        policy_versions=torch.tensor([traj.policy_version for traj in trajectories], dtype=torch.int64),
+        loss_mask=padded("loss_mask", 0.0),
+        rollout_logprobs=padded("rollout_logprobs", 0.0) * response_mask,
+        rewards=torch.tensor(rewards, dtype=torch.float32),  # copies: the inputs may be read-only Arrow memory
+        group_ids=torch.tensor(group_ids, dtype=torch.int64),
+        lengths=lengths_t,
+        policy_versions=torch.tensor(policy_versions, dtype=torch.int64),
     )
