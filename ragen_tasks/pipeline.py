@@ -40,7 +40,7 @@ from ragen_tasks.config import TrainConfig
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.keys import check_run_id
 from ragen_tasks.data.store import Store
-from ragen_tasks.data.token_batch import collate
+from ragen_tasks.data.token_batch import collate_table
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.evaluation import aggregate
 from ragen_tasks.models.loading import load_policy
@@ -363,6 +363,7 @@ def policy_step(run: Run, iteration: int) -> int:
 def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
     """Task generation: ``groups`` initial states x ``group_size`` rollouts (task diversity knob)."""
     config = run.config
+    t0 = time.perf_counter()
     if not run.store.has_manifest(run.run_id, iteration, "tasks", "tasks"):
         tasks = make_group_tasks(
             config.envs,
@@ -374,7 +375,11 @@ def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
         )
         run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER)
     tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
-    return {"uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"), "tasks": len(tasks_json)}
+    return {
+        "uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"),
+        "tasks": len(tasks_json),
+        "timing/generate_tasks_s": time.perf_counter() - t0,
+    }
 
 
 def _sampling(config: TrainConfig, *, temperature: float, seed: int) -> SamplingParams:
@@ -582,13 +587,14 @@ def update(run: Run, iteration: int) -> dict[str, Any]:
     if trainer is None:  # a retry after the checkpoint committed but before the metrics did
         _republish(run, new_step)
     else:
-        batch, _ = run.store.read_trajectories(run.run_id, iteration, "batch")
-        if batch:
+        held = run.store.own_write(run.run_id, iteration, "batch")  # the filter's batch, if written in this process
+        batch = held.table if held else run.store.read_table(run.run_id, iteration, "batch")[0]
+        if batch.num_rows:
             pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
             ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
             device = next(trainer.actor_module.parameters()).device
             metrics = ppo_update(
-                collate(batch, pad_id=pad_id).to(device),
+                collate_table(batch, pad_id=pad_id).to(device),
                 actor=trainer.train_models["actor"],
                 algo=config.algo,
                 optim=config.optim,
