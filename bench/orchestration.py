@@ -59,7 +59,7 @@ def main() -> None:
     starts = [row["timing/iteration_start_unix"] for row in rows]
     for row, start, next_start in zip(rows[:-1], starts[:-1], starts[1:], strict=True):
         stage_walls = {  # the stage functions' own wall times
-            "generate_tasks": None,
+            "generate_tasks": row.get("timing/generate_tasks_s"),
             "rollout": row["timing/rollout_s"],
             "filter_and_validate": row["timing/filter_s"],
             "update": row["timing/update_stage_s"],
@@ -68,8 +68,8 @@ def main() -> None:
         iteration = next_start - start
         compute = row["timing/rollout_compute_s"] + row["timing/update_s"]
         inside = sum(v for v in stage_walls.values() if v is not None)
-        # generate_tasks and the batch write after filter are data plane with no inner timer:
-        # they count as data plane through their task wall minus nothing (conservative for Prefect).
+        # A stage without an inner timer (generate_tasks in rows recorded before it had one) counts
+        # wholly as data plane through its task wall (conservative for Prefect).
         prefect = sum(task_walls[k] - v for k, v in stage_walls.items() if v is not None) + (
             iteration - sum(task_walls.values())
         )
