@@ -24,6 +24,7 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
+from transformers.utils import logging as hf_logging
 
 from flows import stages
 from ragen_tasks import guard, pipeline
@@ -227,6 +228,10 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
     )
     bar = _Bar(show_progress, config.iterations, start)
     publisher = _Publisher()
+    # The run shows its own progress (the bar above, the Prefect artifacts); transformers would draw
+    # two more bars every iteration (loading the rollout's policy, writing the checkpoint).
+    hf_bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
         rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
@@ -306,6 +311,8 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                 }
                 break
     finally:  # also on a failed iteration: the artifacts already submitted still get published
+        if hf_bars_were_on:
+            hf_logging.enable_progress_bar()
         bar.close()
         publisher.close()
     summary = finish_run(_quoted(base), init, stopped)
