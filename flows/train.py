@@ -231,7 +231,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
     # The run shows its own progress (the bar above, the Prefect artifacts); transformers would draw
     # two more bars every iteration (loading the rollout's policy, writing the checkpoint).
     hf_bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped in transformers
     try:
         rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
         rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
@@ -312,7 +312,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                 break
     finally:  # also on a failed iteration: the artifacts already submitted still get published
         if hf_bars_were_on:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
         bar.close()
         publisher.close()
     summary = finish_run(_quoted(base), init, stopped)
