@@ -168,7 +168,7 @@ def _padded_batch(
             f"trajectory {traj_ids[row]}: loss_mask[0]=1 but token 0 has no context; "
             "every trajectory must start with at least one prompt token"
         )
-    trained = np.add.reduceat(loss != 0, starts) if len(loss) else np.zeros(len(lengths))  # (B,) tokens with loss
+    trained = np.add.reduceat(loss != 0, starts)  # (B,) tokens with loss (every row is non-empty here)
     for row in np.flatnonzero(trained == 0)[:1]:
         raise ValueError(
             f"trajectory {traj_ids[row]}: loss_mask is all 0 (no token to train on); drop it before collating"
