@@ -151,7 +151,8 @@ class HFEngine:
             # Qwen2 models run through our functional forward (weights fused afresh: they may have been
             # updated since the last call); anything else through the transformers forward.
             self._fast_model = FastQwen2(self.model) if self._use_fast else None
-            cache, mask, pos, logits = self._prefill(rows, params.max_new_tokens)
+            cache, valid, pos, logits = self._prefill(rows, params.max_new_tokens)
+            mask: torch.Tensor | None = valid if self._fast_model is None else None  # (B, K) True = real token
             # batch line -> its row. A finished row stays in the batch (its samples ignored) until a
             # quarter of the lines are finished: compacting copies every kept row's KV, so it is batched.
             lines = list(rows)
@@ -178,12 +179,17 @@ class HFEngine:
                     keep = [b for b, row in enumerate(lines) if row.finish is None]
                     idx = torch.tensor(keep, device=device)
                     cache = self._select(cache, idx)
-                    mask, pos, tok = mask[idx], pos[idx], tok[idx]
+                    pos, tok = pos[idx], tok[idx]
+                    mask = mask[idx] if mask is not None else None
                     lines = [lines[b] for b in keep]
-                # one decode step for the live rows: the new token attends to every valid column
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, K+1) True = real token
+                # one decode step for the live rows: the new token attends to every valid column (the
+                # fast forward's cache keeps the key mask itself: no per-step mask)
+                if mask is not None:
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, K+1) True = real token
                 pos = pos + 1  # (B,) position of the fed token
-                logits = self._forward(tok[:, None], pos[:, None], mask[:, None, None, :], cache)
+                logits = self._forward(
+                    tok[:, None], pos[:, None], mask[:, None, None, :] if mask is not None else None, cache
+                )
         texts = self._decode([row.tokens for row in rows])
         return [self._to_generation(row, text) for row, text in zip(rows, texts, strict=True)]
 
@@ -298,10 +304,13 @@ class HFEngine:
             return cast(list[tuple[torch.Tensor, torch.Tensor]], cache.layers())
         return [(layer.keys, layer.values) for layer in cast(list[Any], cache.layers)]
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask4: torch.Tensor, cache: Any) -> torch.Tensor:
-        """Run the model on ids (B, Q) at positions pos (B, Q) with mask (B, 1, Q, K); logits of the last query (B, V)."""
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask4: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """Run the model on ids (B, Q) at positions pos (B, Q) with mask (B, 1, Q, K); logits of the last query (B, V).
+        mask4 None (fast forward only): a decode step, the new token attends to every real key and itself."""
         if self._fast_model is not None:
             return self._fast_model.forward(ids, pos, mask4, cache)
+        if mask4 is None:
+            raise ValueError("the transformers forward needs an attention mask on every call")
         if self._window is not None and "sliding_attention" in self._layer_types and mask4.shape[-1] > self._window:
             raise ValueError(f"sequence of {mask4.shape[-1]} tokens exceeds the model's sliding window {self._window}")
         if self._attn == "eager":
@@ -324,20 +333,29 @@ class HFEngine:
         self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token per row and its log-prob at temperature 1. logits: (B, V) float32."""
-        logp = torch.log_softmax(logits, dim=-1)  # (B, V) the policy's own distribution
+        probs = torch.softmax(logits, dim=-1)  # (B, V) the policy's own distribution (temperature 1)
         if params.temperature == 0:
             tok = logits.argmax(dim=-1)
         else:
-            if params.temperature == 1 and params.top_k == 0 and params.top_p == 1:
-                probs = logp.exp()  # (B, V) plain sampling: the distribution is the log-probs'
+            if not (params.temperature == 1 and params.top_k == 0 and params.top_p == 1):
+                probs_t = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p).softmax(-1)
             else:
-                probs = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p).softmax(-1)
+                probs_t = probs  # plain sampling draws from the policy's own distribution
             # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
             # u is scaled by the row total, so it never falls past the last non-zero probability.
-            cdf = probs.cumsum(dim=-1)  # (B, V)
+            cdf = probs_t.cumsum(dim=-1)  # (B, V)
             u = torch.rand((cdf.shape[0], 1), generator=gen, device=cdf.device) * cdf[:, -1:]  # (B, 1)
             tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)  # (B,)
-        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+        # log of the chosen probability: equal to log_softmax's value to float rounding (~1e-7) while the
+        # probability is a normal float; below that (log-prob < -87, in practice never sampled) the rows
+        # take the exact log_softmax instead.
+        chosen = probs.gather(1, tok[:, None]).squeeze(1)  # (B,)
+        logprob = chosen.log()
+        tiny = chosen < torch.finfo(chosen.dtype).tiny
+        if bool(tiny.any()):
+            exact = torch.log_softmax(logits[tiny], dim=-1).gather(1, tok[tiny][:, None]).squeeze(1)
+            logprob = logprob.masked_scatter(tiny, exact)
+        return tok, logprob
 
     def _ending_tokens(self, stops: tuple[str, ...]) -> set[int] | None:
         """Ids whose sampling can end a row: eos ids and, for ASCII stop strings, every token whose

@@ -241,6 +241,30 @@ def test_filter_logits_matches_a_loop_reference() -> None:
             assert set(torch.isfinite(got).nonzero().squeeze(1).tolist()) == set(keep)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=1, temperature=1.0, stop_strings=()),
+        SamplingParams(max_new_tokens=1, temperature=1e4, stop_strings=()),  # reaches tokens of p < 1e-38
+        SamplingParams(max_new_tokens=1, temperature=1e4, top_k=3, top_p=0.9, stop_strings=()),
+        SamplingParams(max_new_tokens=1, temperature=0.0, stop_strings=()),
+    ],
+)
+def test_sampled_logprobs_equal_log_softmax(policy, params) -> None:
+    """The log-prob of a sampled token (taken from the softmax) equals log_softmax's, down to tokens whose
+    probability underflows float32 (log-prob -200 here), which are sampled at a very high temperature."""
+    engine = HFEngine(*policy)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=gen) * 3
+    logits[32:, 1:] -= 200.0  # rows 32..63: every token but 0 has probability ~e^-200 (0 in float32)
+    tok, logprob = engine._sample(logits, params, gen)
+    ref = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
+    assert torch.isfinite(logprob).all()
+    assert torch.allclose(logprob, ref, atol=1e-5, rtol=0), (logprob - ref).abs().max()
+    if params.temperature == 1e4 and params.top_k == 0:
+        assert (logprob < -150).any()  # the underflow path was exercised
+
+
 def test_texts_equal_the_tokenizers_decode(policy) -> None:
     """The batched decode (one call into the Rust backend) gives what tokenizer.decode gives per row."""
     model, tok = policy
@@ -249,3 +273,23 @@ def test_texts_equal_the_tokenizers_decode(policy) -> None:
         SamplingParams(max_new_tokens=24, seed=3, stop_strings=()),
     )
     assert all(g.text == tok.decode(g.token_ids, skip_special_tokens=True) for g in gens)
+
+
+def test_fast_forward_needs_a_mask_except_for_decode_steps(policy) -> None:
+    """mask=None means "a one-token decode step on a cache that already knows its padding"."""
+    from ragen_tasks.models.fast_qwen2 import FastQwen2, KVCache
+
+    model, _ = policy
+    fast = FastQwen2(model)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])  # (B, Q)
+    pos = torch.arange(3).expand(2, 3)
+    with torch.inference_mode(), pytest.raises(ValueError, match="mask=None"):
+        fast.forward(ids, pos, None, KVCache([], capacity=8))
+    cache = KVCache([], capacity=8)
+    mask = torch.ones((2, 1, 3, 3), dtype=torch.bool).tril()  # (B, 1, Q, K) causal, no pads
+    with torch.inference_mode():
+        fast.forward(ids, pos, mask, cache)
+        with pytest.raises(ValueError, match="mask=None"):
+            fast.forward(ids, pos + 3, None, cache)  # three new tokens without a mask
+        assert fast.forward(ids[:, :1], pos[:, :1] + 3, None, cache).shape == (2, model.config.vocab_size)
+    assert cache.length == 4
