@@ -31,9 +31,13 @@ _SENTINEL = "\u2063RAGEN-SENTINEL\u2063"  # never produced by a game or a prompt
 _PROBE: list[Message] = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    # The template text already holds BOS/special tokens where the model wants them.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, in one batched tokenizer call (a fast tokenizer encodes the batch in Rust,
+    ~3x cheaper than one call per text). The template text already holds BOS/special tokens where
+    the model wants them, so none are added."""
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
 class ChatRenderer:
@@ -51,7 +55,7 @@ class ChatRenderer:
         if closed.count(_SENTINEL) != 1:
             raise ValueError("the chat template does not render assistant message content verbatim")
         # Ids that close an assistant turn (ChatML: "<|im_end|>", "\n").
-        self.close_ids = _encode(tokenizer, closed.split(_SENTINEL, 1)[1])
+        self.close_ids = _encode(tokenizer, [closed.split(_SENTINEL, 1)[1]])[0]
 
     def _template(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(
@@ -63,7 +67,11 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids of the first prompt: the messages plus the generation prompt (assistant turn opened)."""
-        return _encode(self.tokenizer, self._template(messages, generation_prompt=True))
+        return self.prompt_ids_batch([messages])[0]
+
+    def prompt_ids_batch(self, conversations: Sequence[Sequence[Message]]) -> list[list[int]]:
+        """``prompt_ids`` of each conversation, tokenised in one call."""
+        return _encode(self.tokenizer, [self._template(m, generation_prompt=True) for m in conversations])
 
     def glue_text(self, message: Message) -> str:
         """Template text after an assistant response: close it, add ``message``, open the next turn."""
@@ -75,7 +83,19 @@ class ChatRenderer:
 
     def observation_ids(self, message: Message, sampled_ids: Sequence[int]) -> list[int]:
         """Ids to feed after ``sampled_ids``: the glue, minus closing ids the policy already sampled."""
-        glue = _encode(self.tokenizer, self.glue_text(message))
+        return self.observation_ids_batch([message], [sampled_ids])[0]
+
+    def observation_ids_batch(
+        self, messages: Sequence[Message], sampled_ids: Sequence[Sequence[int]]
+    ) -> list[list[int]]:
+        """``observation_ids`` of each (message, sampled ids) pair, tokenised in one call."""
+        if len(messages) != len(sampled_ids):
+            raise ValueError(f"{len(messages)} messages but {len(sampled_ids)} sampled-id lists; give one per message")
+        glues = _encode(self.tokenizer, [self.glue_text(m) for m in messages])
+        return [self._after_response(glue, sampled) for glue, sampled in zip(glues, sampled_ids, strict=True)]
+
+    def _after_response(self, glue: list[int], sampled_ids: Sequence[int]) -> list[int]:
+        """The glue's ids minus the closing ids the response already ends with."""
         if glue[: len(self.close_ids)] != self.close_ids:
             raise ValueError("chat template glue does not start with the assistant-turn closing text")
         overlap = 0

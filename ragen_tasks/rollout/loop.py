@@ -134,7 +134,7 @@ def run_rollouts(
     renderer = ChatRenderer(tokenizer)
     special = [str(s) for s in getattr(tokenizer, "all_special_tokens", [])]
     factory = env_factory or _make_env
-    episodes = [_start(task, factory(task.env_name, task.env_config), renderer, agent, cap) for task in tasks]
+    episodes = _start(tasks, factory, renderer, agent, cap)
 
     live = list(episodes)
     released: set[str] = set()
@@ -150,6 +150,7 @@ def run_rollouts(
                     f"engine {type(engine).__name__} returned {len(generations)} generations for "
                     f"{len(requests)} requests (turn {turn}); every request needs exactly one reply"
                 )
+            continuing: list[tuple[_Episode, Generation]] = []  # episodes that get another turn
             for episode, request, gen in zip(live, requests, generations, strict=True):
                 _check_generation(gen, request, cap)
                 text = gen.text or tokenizer.decode(gen.token_ids, skip_special_tokens=True)
@@ -157,7 +158,8 @@ def run_rollouts(
                 if episode.status is None and turn + 1 >= agent.max_turns:
                     episode.status = TrajectoryStatus.MAX_TURNS.value
                 if episode.status is None:
-                    _feed_observation(episode, gen, renderer, agent, cap)
+                    continuing.append((episode, gen))
+            _feed_observations(continuing, renderer, agent, cap)
             finished = [e.task.traj_id for e in live if e.status is not None]
             if finished:
                 engine.release(finished)
@@ -173,33 +175,48 @@ def run_rollouts(
     return [_finish(e, policy_version, weights_fingerprint, agent) for e in episodes]
 
 
-def _start(task: RolloutTask, env: TextGame, renderer: ChatRenderer, agent: AgentConfig, cap: int) -> _Episode:
-    board, _info = env.reset(seed=task.seed)
-    messages = initial_messages(
-        env_name=task.env_name,
-        action_names=env.action_names,
-        legend=env.legend,
-        board=board,
-        actions_left=agent.max_actions_per_episode,
-        max_actions_per_turn=agent.max_actions_per_turn,
-        think=agent.think,
-    )
-    ids = renderer.prompt_ids(messages)
-    if len(ids) + cap > agent.max_context_tokens:
-        raise ValueError(
-            f"task {task.traj_id} ({task.env_name}): the first prompt has {len(ids)} tokens and a response "
-            f"may take {cap}, more than agent.max_context_tokens={agent.max_context_tokens}; raise "
-            "agent.max_context_tokens (within the model's context) or use a smaller board"
+def _start(
+    tasks: Sequence[RolloutTask],
+    factory: Callable[[str, Mapping[str, Any]], TextGame],
+    renderer: ChatRenderer,
+    agent: AgentConfig,
+    cap: int,
+) -> list[_Episode]:
+    """Reset every task's game and render its first prompt (the prompts tokenised in one call)."""
+    games = [factory(task.env_name, task.env_config) for task in tasks]
+    boards = [game.reset(seed=task.seed)[0] for task, game in zip(tasks, games, strict=True)]
+    conversations = [
+        initial_messages(
+            env_name=task.env_name,
+            action_names=game.action_names,
+            legend=game.legend,
+            board=board,
+            actions_left=agent.max_actions_per_episode,
+            max_actions_per_turn=agent.max_actions_per_turn,
+            think=agent.think,
         )
-    return _Episode(
-        task=task,
-        env=env,
-        board=board,
-        ids=ids,
-        response_mask=[0] * len(ids),
-        logprobs=[0.0] * len(ids),
-        prompt_length=len(ids),
-    )
+        for task, game, board in zip(tasks, games, boards, strict=True)
+    ]
+    episodes = []
+    for task, game, board, ids in zip(tasks, games, boards, renderer.prompt_ids_batch(conversations), strict=True):
+        if len(ids) + cap > agent.max_context_tokens:
+            raise ValueError(
+                f"task {task.traj_id} ({task.env_name}): the first prompt has {len(ids)} tokens and a response "
+                f"may take {cap}, more than agent.max_context_tokens={agent.max_context_tokens}; raise "
+                "agent.max_context_tokens (within the model's context) or use a smaller board"
+            )
+        episodes.append(
+            _Episode(
+                task=task,
+                env=game,
+                board=board,
+                ids=ids,
+                response_mask=[0] * len(ids),
+                logprobs=[0.0] * len(ids),
+                prompt_length=len(ids),
+            )
+        )
+    return episodes
 
 
 def _play_turn(episode: _Episode, gen: Generation, text: str, agent: AgentConfig) -> None:
@@ -243,21 +260,28 @@ def _play_turn(episode: _Episode, gen: Generation, text: str, agent: AgentConfig
     episode.turn_think.append(parsed.think)
 
 
-def _feed_observation(episode: _Episode, gen: Generation, renderer: ChatRenderer, agent: AgentConfig, cap: int) -> None:
-    """Append the next user message's ids (mask 0), or end the episode with status 'context'."""
-    message = followup_message(
-        board=episode.board,
-        reward=episode.turn_rewards[-1],
-        actions_left=agent.max_actions_per_episode - episode.actions_used,
-        format_ok=episode.turn_format_ok[-1],
-    )
-    obs_ids = renderer.observation_ids(message, gen.token_ids)
-    if len(episode.ids) + len(obs_ids) + cap > agent.max_context_tokens:
-        episode.status = TrajectoryStatus.CONTEXT.value
-        return
-    episode.ids.extend(obs_ids)
-    episode.response_mask.extend([0] * len(obs_ids))
-    episode.logprobs.extend([0.0] * len(obs_ids))
+def _feed_observations(
+    continuing: Sequence[tuple[_Episode, Generation]], renderer: ChatRenderer, agent: AgentConfig, cap: int
+) -> None:
+    """Append each episode's next user message ids (mask 0), tokenised in one call; an episode whose
+    next turn would not fit in the context ends with status 'context' instead."""
+    messages = [
+        followup_message(
+            board=episode.board,
+            reward=episode.turn_rewards[-1],
+            actions_left=agent.max_actions_per_episode - episode.actions_used,
+            format_ok=episode.turn_format_ok[-1],
+        )
+        for episode, _ in continuing
+    ]
+    all_obs_ids = renderer.observation_ids_batch(messages, [gen.token_ids for _, gen in continuing])
+    for (episode, _), obs_ids in zip(continuing, all_obs_ids, strict=True):
+        if len(episode.ids) + len(obs_ids) + cap > agent.max_context_tokens:
+            episode.status = TrajectoryStatus.CONTEXT.value
+            continue
+        episode.ids.extend(obs_ids)
+        episode.response_mask.extend([0] * len(obs_ids))
+        episode.logprobs.extend([0.0] * len(obs_ids))
 
 
 def _finish(episode: _Episode, policy_version: int, weights_fingerprint: str, agent: AgentConfig) -> Trajectory:

@@ -29,6 +29,25 @@ def test_incremental_ids_equal_whole_conversation(chatml_tokenizer) -> None:
     assert prompt + sampled + obs == whole
 
 
+def test_batched_ids_equal_one_at_a_time(chatml_tokenizer) -> None:
+    """The batched forms (one tokenizer call for many texts) give each item's ids exactly."""
+    tok = chatml_tokenizer
+    r = ChatRenderer(tok)
+    conversations = [[SYSTEM, USER0], [USER0], [SYSTEM, {"role": "user", "content": "x" * 40}]]
+    assert r.prompt_ids_batch(conversations) == [_whole(tok, c) for c in conversations]
+    sampled = tok.encode(RESPONSE, add_special_tokens=False)
+    messages = [USER1, USER0, {"role": "user", "content": ""}]
+    endings = [sampled, [*sampled, tok.eos_token_id], []]
+    one_by_one = []
+    for m, e in zip(messages, endings, strict=True):
+        glue = tok.encode(r.glue_text(m), add_special_tokens=False)
+        one_by_one.append(glue[1:] if e and e[-1] == tok.eos_token_id else glue)
+    assert r.observation_ids_batch(messages, endings) == one_by_one
+    assert r.observation_ids_batch([], []) == [] and r.prompt_ids_batch([]) == []
+    with pytest.raises(ValueError, match="2 messages but 1 sampled-id lists"):
+        r.observation_ids_batch(messages[:2], endings[:1])
+
+
 def test_sampled_end_of_turn_is_not_fed_twice(chatml_tokenizer) -> None:
     tok = chatml_tokenizer
     r = ChatRenderer(tok)
