@@ -2,7 +2,7 @@
 
 For each preset (tiny, small) and batch size (32, 128): generated tokens/s of HFEngine (sampling,
 temperature 1, no stop strings, eos ends a row) and of ``model.generate`` (do_sample, same cap), and
-the ratio. Also HFEngine in bfloat16 vs float32, and a 3-turn run with KV reuse on vs off.
+the ratio, both as the ratio of the best runs and as the median of the per-repeat ratios. Also HFEngine in bfloat16 vs float32, and a 3-turn run with KV reuse on vs off.
 Both sides count only real generated tokens (a row ends at eos; pads after it are not counted).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--device cuda]
@@ -11,6 +11,7 @@ Both sides count only real generated tokens (a row ends at eos; pads after it ar
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -131,8 +132,11 @@ def main() -> None:
     print(
         f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)"
     )
-    print("| preset | batch | engine tok/s | generate tok/s | ratio | engine bf16 tok/s | bf16/fp32 |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| preset | batch | engine tok/s | generate tok/s | ratio (bests) | ratio (median of pairs) "
+        "| engine bf16 tok/s | bf16/fp32 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for preset in args.presets:
         model, tok = load_policy(preset, device=args.device)
         model_bf16, _ = load_policy(preset, dtype="bfloat16", device=args.device)
@@ -142,28 +146,33 @@ def main() -> None:
         run_generate(model, tok, make_prompts(tok, 4), 4, 0)
         for batch in args.batches:
             prompts = make_prompts(tok, batch)
-            # interleaved repeats, best of each: the box is shared, so load shifts between measurements
+            # interleaved repeats, best of each: the box is shared, so load shifts between measurements.
+            # Also the median of the per-repeat ratios (engine and generate measured back to back), which
+            # a slow stretch of the host shifts less than the ratio of two bests taken at different times.
             ours = base = bf16 = 0.0
+            paired = []
             for s in range(args.repeats):
                 n, dt = run_engine(eng, prompts, args.new_tokens, s)
                 ours = max(ours, n / dt)
-                n, dt = run_generate(model, tok, prompts, args.new_tokens, s)
-                base = max(base, n / dt)
+                n_g, dt_g = run_generate(model, tok, prompts, args.new_tokens, s)
+                base = max(base, n_g / dt_g)
+                paired.append((n / dt) / (n_g / dt_g))
                 n, dt = run_engine(eng_bf16, prompts, args.new_tokens, s)
                 bf16 = max(bf16, n / dt)
             print(
-                f"| {preset} | {batch} | {ours:,.0f} | {base:,.0f} | {ours / base:.2f}x | {bf16:,.0f} | {bf16 / ours:.2f}x |",
+                f"| {preset} | {batch} | {ours:,.0f} | {base:,.0f} | {ours / base:.2f}x | {statistics.median(paired):.2f}x "
+                f"| {bf16:,.0f} | {bf16 / ours:.2f}x |",
                 flush=True,
             )
         for env in ("bandit", "sokoban", "frozen_lake") if preset == args.presets[0] else ():
             total, share, turns = loop_share(model, tok, env, args.batches[-1])
             print(f"| {preset} | {args.batches[-1]} | loop on {env}: {total:.2f}s, {share:.1%} outside engine.generate "
-                  f"({turns} turns) | | | | |", flush=True)  # fmt: skip
+                  f"({turns} turns) | | | | | |", flush=True)  # fmt: skip
         prompts = make_prompts(tok, args.batches[0])
         reuse = multi_turn(HFEngine(model, tok, reuse_cache=True), tok, prompts, args.new_tokens, 4)
         fresh = multi_turn(HFEngine(model, tok, reuse_cache=False), tok, prompts, args.new_tokens, 4)
         print(f"| {preset} | {args.batches[0]} | 4 turns: KV reuse {reuse:.2f}s vs re-prefill {fresh:.2f}s "
-              f"({fresh / reuse:.2f}x) | | | | |", flush=True)  # fmt: skip
+              f"({fresh / reuse:.2f}x) | | | | | |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
