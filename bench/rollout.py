@@ -2,10 +2,12 @@
 
 For each preset (tiny, small) and batch size (32, 128): generated tokens/s of HFEngine (sampling,
 temperature 1, no stop strings, eos ends a row) and of ``model.generate`` (do_sample, same cap), and
-the ratio, both as the ratio of the best runs and as the median of the per-repeat ratios. Also HFEngine in bfloat16 vs float32, and a 3-turn run with KV reuse on vs off.
-Both sides count only real generated tokens (a row ends at eos; pads after it are not counted).
+the ratio, both as the ratio of the best runs and as the median of the per-repeat ratios. Also
+HFEngine in bfloat16 vs float32, the multi-turn loop's share of time outside ``engine.generate``, and
+a 4-turn run with KV reuse on vs off. Both sides count only real generated tokens (a row ends at
+eos; pads after it are not counted).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--device cuda]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--threads T] [--device cuda]
 """
 
 from __future__ import annotations
@@ -125,10 +127,14 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[32, 128])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the shared 2-core CI box thrashes at 2)")
+    ap.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads (default: torch's own, all cores, as a training run uses; 1 when other work shares the box)",
+    )  # fmt: skip
     ap.add_argument("--device", default="cpu", help="cpu or cuda (GPU runs: bench/gpu.sh)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(
         f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)"
     )
