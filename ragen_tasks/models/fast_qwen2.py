@@ -223,7 +223,7 @@ class FastQwen2:
         full_bias = (
             None
             if mask is None or q == 1
-            else torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask, float("-inf"))
+            else torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         )
         for i, w in enumerate(self.layers):
             h = self._rms(x)
