@@ -75,16 +75,6 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def _own_columns(t: torch.Tensor, j: int, row: _Row, first: int) -> torch.Tensor:
-    """Row j's own columns of t (n, H_kv, K - first, D), keys or values gathered from column ``first``
-    on: its reused ones, then its new and decoded ones up to the filled length. (1, H_kv, L, D)."""
-    fed = t[j : j + 1, :, row.fed_from - first :]
-    if row.reuse == 0:
-        return fed  # a view
-    start = row.reused_from - first
-    return torch.cat([t[j : j + 1, :, start : start + row.reuse], fed], dim=2)
-
-
 def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
     """Mask logits outside top-k / nucleus top-p with -inf. logits: (B, V) float32."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -172,7 +162,6 @@ class HFEngine:
                 tok, lp = self._sample(logits, params, gen)  # (B,), (B,)
                 tok_list, lp_list = tok.tolist(), lp.tolist()
                 last_step = step == params.max_new_tokens - 1
-                finished: list[tuple[_Row, int]] = []  # (row, its batch line) finished at this step
                 for b, (row, t, logprob) in enumerate(zip(lines, tok_list, lp_list, strict=True)):
                     if row.finish is not None:
                         continue
@@ -182,10 +171,8 @@ class HFEngine:
                     if last_step or may_end is None or t in may_end:
                         row.finish = self._finish_reason(row, params, last_step=last_step)
                         if row.finish is not None:
-                            finished.append((row, b))
-                if finished:
-                    self._store(finished, cache)
-                    live -= len(finished)
+                            self._store(row, cache, b)
+                            live -= 1
                 if live == 0:
                     break
                 if live <= 3 * len(lines) // 4:
@@ -413,27 +400,22 @@ class HFEngine:
             self._token_text = self.tokenizer.batch_decode([[i] for i in range(size)])
         return self._token_text
 
-    def _store(self, finished: list[tuple[_Row, int]], cache: Any) -> None:
-        """Keep each finished row's KV (its valid columns) under its session id: prompt + response[:-1].
-
-        finished: (row, batch line) pairs. The rows' columns are gathered with one ``index_select`` per
-        layer tensor (not one copy per row); each session holds views of that gathered copy, which
-        spans the rows' columns from the leftmost one any of them uses.
-        """
+    def _store(self, row: _Row, cache: Any, b: int) -> None:
+        """Keep row b's KV (its valid columns) under its session id: prompt + response[:-1]."""
         if not self.reuse_cache:
             return
-        lines = torch.tensor([b for _, b in finished], device=self.model.device)
-        first = min(row.reused_from if row.reuse else row.fed_from for row, _ in finished)  # leftmost own column
-        gathered = [  # per layer (keys, values), each (n, H_kv, K - first, D), a copy
-            (k[:, :, first:].index_select(0, lines), v[:, :, first:].index_select(0, lines))
-            for k, v in self._layer_kv(cache)
-        ]
-        for j, (row, _) in enumerate(finished):
-            kv = [(_own_columns(k, j, row, first), _own_columns(v, j, row, first)) for k, v in gathered]
-            ids = list(row.request.prompt_ids) + row.tokens[:-1]
-            if kv and kv[0][0].shape[2] != len(ids):
-                raise RuntimeError(f"cache bookkeeping error: {kv[0][0].shape[2]} cached columns for {len(ids)} ids")
-            self._sessions[row.request.session_id] = _Session(ids=ids, kv=kv)
+
+        def own_columns(t: torch.Tensor) -> torch.Tensor:  # (B, H_kv, K, D) -> (1, H_kv, L, D), a copy
+            fed = t[b : b + 1, :, row.fed_from :]  # new tokens + decoded tokens, up to the filled length
+            if row.reuse == 0:
+                return fed.clone()
+            return torch.cat([t[b : b + 1, :, row.reused_from : row.reused_from + row.reuse], fed], dim=2)
+
+        kv = [(own_columns(k), own_columns(v)) for k, v in self._layer_kv(cache)]
+        ids = list(row.request.prompt_ids) + row.tokens[:-1]
+        if kv and kv[0][0].shape[2] != len(ids):
+            raise RuntimeError(f"cache bookkeeping error: {kv[0][0].shape[2]} cached columns for {len(ids)} ids")
+        self._sessions[row.request.session_id] = _Session(ids=ids, kv=kv)
 
     def _decode(self, sequences: list[list[int]]) -> list[str]:
         """Texts of the sampled ids (special tokens skipped): one batched call into a fast tokenizer's
