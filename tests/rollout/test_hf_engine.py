@@ -293,3 +293,24 @@ def test_fast_forward_needs_a_mask_except_for_decode_steps(policy) -> None:
             fast.forward(ids, pos + 3, None, cache)  # three new tokens without a mask
         assert fast.forward(ids[:, :1], pos[:, :1] + 3, None, cache).shape == (2, model.config.vocab_size)
     assert cache.length == 4
+
+
+def test_rows_finishing_at_different_steps_stay_exact(policy) -> None:
+    """Padded rows of different lengths, with ~1/15 of the vocabulary ending a row, so rows end at
+    different steps and the batch is compacted (the cache's keys, values and key mask re-indexed):
+    every row's log-probs equal a plain forward pass on its own sequence, and the fast forward gives
+    what the transformers forward gives."""
+    model, tok = policy
+    eos = list(range(5, model.config.vocab_size, 15))
+    params = SamplingParams(max_new_tokens=24, seed=3, stop_strings=())
+    prompts = _prompts(tok, 12)
+    reqs = [GenerationRequest(f"s{i}", p) for i, p in enumerate(prompts)]
+    fast = HFEngine(model, tok, reuse_cache=False, eos_token_ids=eos).generate(reqs, params)
+    slow = HFEngine(model, tok, reuse_cache=False, eos_token_ids=eos, fast=False).generate(reqs, params)
+    lengths = sorted(len(g.token_ids) for g in fast)
+    assert len(set(lengths)) >= 3 and lengths[3] < 24, lengths  # a quarter ended early: compaction ran
+    for prompt, f, s in zip(prompts, fast, slow, strict=True):
+        assert f.token_ids == s.token_ids
+        ref = _full_logprobs(model, prompt, f.token_ids)
+        assert torch.allclose(torch.tensor(f.logprobs), ref, atol=1e-4)
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4)
