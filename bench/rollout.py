@@ -153,8 +153,10 @@ def main() -> None:
         for batch in args.batches:
             prompts = make_prompts(tok, batch)
             # interleaved repeats, best of each: the box is shared, so load shifts between measurements.
-            # Also the median of the per-repeat ratios (engine and generate measured back to back), which
-            # a slow stretch of the host shifts less than the ratio of two bests taken at different times.
+            # Also the median of the per-repeat ratios (engine and generate measured back to back, so
+            # each pair sees one host state). On a quiet host the two agree; in a slow stretch the
+            # engine (small multi-threaded ops) loses more than generate, and the paired median drops
+            # below the ratio of bests.
             ours = base = bf16 = 0.0
             paired = []
             for s in range(args.repeats):
