@@ -337,10 +337,10 @@ class HFEngine:
         if params.temperature == 0:
             tok = logits.argmax(dim=-1)
         else:
-            if not (params.temperature == 1 and params.top_k == 0 and params.top_p == 1):
-                probs_t = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p).softmax(-1)
-            else:
+            if params.temperature == 1 and params.top_k == 0 and params.top_p == 1:
                 probs_t = probs  # plain sampling draws from the policy's own distribution
+            else:
+                probs_t = filter_logits(logits / params.temperature, top_k=params.top_k, top_p=params.top_p).softmax(-1)
             # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
             # u is scaled by the row total, so it never falls past the last non-zero probability.
             cdf = probs_t.cumsum(dim=-1)  # (B, V)
