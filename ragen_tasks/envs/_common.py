@@ -64,3 +64,17 @@ def action_space(action_names: Iterable[str]) -> spaces.Text:
 def step_info(*, valid: bool, effective: bool, success: bool) -> dict[str, Any]:
     """The ``info`` dict of every ``step`` (keys fixed by ``envs.base``)."""
     return {"action_is_valid": valid, "action_is_effective": effective, "success": success}
+
+
+def direction_words(src: tuple[int, int], dst: tuple[int, int]) -> str:
+    """Where ``dst`` lies from ``src`` ((row, col) each) in action names: "Down 2 and Left 1",
+    "Up 3", or "" when they are the same cell."""
+    (row, col), (dst_row, dst_col) = src, dst
+    return " and ".join(
+        f"{name} {abs(delta)}"
+        for name, delta in (
+            ("Down" if dst_row > row else "Up", dst_row - row),
+            ("Right" if dst_col > col else "Left", dst_col - col),
+        )
+        if delta
+    )

@@ -11,14 +11,16 @@ with equal probability; a move into the edge leaves the player in place. This is
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
-from ragen_tasks.envs._common import GameConfig, action_space, load_config, step_info, text_space
+from ragen_tasks.envs._common import GameConfig, action_space, direction_words, load_config, step_info, text_space
 from ragen_tasks.envs.base import TextGame, canonical_action
 
 #: Action names in Gymnasium's order (0 Left, 1 Down, 2 Right, 3 Up).
@@ -150,15 +152,8 @@ def position_hint(position: tuple[int, int], goal: tuple[int, int], kind: str) -
     (row, col), (goal_row, goal_col) = position, goal
     if kind == "coordinates":
         return f"You are at row {row + 1}, column {col + 1}. The goal is at row {goal_row + 1}, column {goal_col + 1}."
-    steps = [
-        f"{name} {abs(delta)}"
-        for name, delta in (
-            ("Down" if goal_row > row else "Up", goal_row - row),
-            ("Right" if goal_col > col else "Left", goal_col - col),
-        )
-        if delta
-    ]
-    return f"The goal is {' and '.join(steps)} from you." if steps else "You are on the goal."
+    words = direction_words(position, goal)
+    return f"The goal is {words} from you." if words else "You are on the goal."
 
 
 # table[s][a] = ((probability, next_state), ...): immutable, so one table can serve many envs
@@ -199,6 +194,91 @@ def _transition_table(desc: tuple[str, ...], is_slippery: bool, success_rate: fl
             per_action.append(tuple(entries))
         table.append(tuple(per_action))
     return tuple(table)
+
+
+@dataclass(frozen=True)
+class TurnPlanner:
+    """The best play of one map under the agent's rules, by dynamic programming over turns.
+
+    The agent acts in turns: each turn it names up to ``max_actions_per_turn`` actions, which run
+    in order WITHOUT seeing the board in between (the episode may end midway), then it sees the
+    board again. ``value[k, m, s]`` is the highest probability of reaching the goal from cell ``s``
+    with ``k`` turns and ``m`` actions left; ``choice[k, m, s]`` indexes ``sequences``, the action
+    sequence of the current turn that achieves it (the shortest one among ties). This is the
+    ceiling of the game at that budget and the slip-aware demonstrator of the warm start.
+    """
+
+    sequences: tuple[tuple[str, ...], ...]  # every action sequence of 1 .. max_actions_per_turn actions
+    value: np.ndarray  # (turns + 1, actions + 1, cells) float64 success probability
+    choice: np.ndarray  # (turns + 1, actions + 1, cells) int64 index into sequences; -1 = no turn left
+
+    def best(self, cell: int, turns_left: int, actions_left: int) -> tuple[str, ...]:
+        """The best actions for this turn (empty when no turn or action is left)."""
+        k = min(turns_left, self.value.shape[0] - 1)
+        m = min(actions_left, self.value.shape[1] - 1)
+        index = int(self.choice[k, m, cell]) if k > 0 and m > 0 else -1
+        return self.sequences[index] if index >= 0 else ()
+
+
+def turn_planner(
+    desc: Sequence[str],
+    *,
+    turns: int,
+    actions: int,
+    max_actions_per_turn: int,
+    is_slippery: bool = True,
+    success_rate: float = 1.0 / 3.0,
+) -> TurnPlanner:
+    """``TurnPlanner`` for map ``desc`` and this budget (cached: a group's rollouts share a map)."""
+    if turns < 1 or actions < 1 or not 1 <= max_actions_per_turn <= 6:
+        raise ValueError(
+            f"turns={turns} and actions={actions} must be >= 1 and max_actions_per_turn={max_actions_per_turn} "
+            "in 1..6 (4^k sequences are searched per turn)"
+        )
+    return _turn_planner(tuple(desc), turns, actions, max_actions_per_turn, is_slippery, float(success_rate))
+
+
+@functools.lru_cache(maxsize=256)
+def _turn_planner(
+    desc: tuple[str, ...], turns: int, actions: int, per_turn: int, is_slippery: bool, success_rate: float
+) -> TurnPlanner:
+    table = _transition_table(desc, is_slippery, success_rate)
+    cells = len(table)
+    step = np.zeros((4, cells, cells))  # (action, from, to) one-step probabilities; terminals absorb
+    for s, per_action in enumerate(table):
+        for a, entries in enumerate(per_action):
+            if not entries:
+                step[a, s, s] = 1.0
+            for p, s2 in entries:
+                step[a, s, s2] += p
+    flat = "".join(desc)
+    goal = np.array([ch == "G" for ch in flat], dtype=np.float64)  # (cells,)
+    terminal = np.array([ch in "GH" for ch in flat])  # (cells,)
+    sequences = tuple(q for n in range(1, per_turn + 1) for q in itertools.product(range(4), repeat=n))
+    lengths = np.array([len(q) for q in sequences])  # (Q,)
+    reach = np.empty((len(sequences), cells, cells))  # (Q, from, to) where a whole turn's sequence ends
+    for i, q in enumerate(sequences):
+        m = step[q[0]]
+        for a in q[1:]:
+            m = m @ step[a]
+        reach[i] = m
+    value = np.zeros((turns + 1, actions + 1, cells))
+    choice = np.full((turns + 1, actions + 1, cells), -1, dtype=np.int64)
+    value[0, :] = goal
+    value[:, 0] = goal
+    for k in range(1, turns + 1):
+        for m in range(1, actions + 1):
+            scores = np.full((len(sequences), cells), -1.0)  # (Q, cells) success if this turn plays q
+            for n in range(1, min(per_turn, m) + 1):
+                rows = np.nonzero(lengths == n)[0]
+                after = np.where(terminal, goal, value[k - 1, m - n])  # (cells,) value once the turn ends
+                scores[rows] = reach[rows] @ after
+            best = scores.max(axis=0)  # (cells,)
+            # the shortest sequence within rounding of the best: fewer blind actions, same value
+            choice[k, m] = np.argmax(scores >= best - 1e-12, axis=0)
+            value[k, m] = np.where(terminal, goal, best)
+    names = tuple(tuple(ACTIONS[a] for a in q) for q in sequences)
+    return TurnPlanner(sequences=names, value=value, choice=choice)
 
 
 class FrozenLakeEnv(TextGame):
@@ -271,6 +351,11 @@ class FrozenLakeEnv(TextGame):
     def goal(self) -> tuple[int, int]:
         """(row, col) of the goal."""
         return divmod(self._flat.index("G"), self._ncol)
+
+    @property
+    def actions_left(self) -> int:
+        """Valid actions this episode may still take before it truncates."""
+        return self.config.max_actions_per_episode - self._actions
 
     def render(self) -> str:
         board = self._boards.get(self._state)

@@ -12,7 +12,14 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from ragen_tasks.envs import make
-from ragen_tasks.envs.frozen_lake import ACTIONS, FrozenLakeEnv, generate_map, shortest_path, transition_table
+from ragen_tasks.envs.frozen_lake import (
+    ACTIONS,
+    FrozenLakeEnv,
+    generate_map,
+    shortest_path,
+    transition_table,
+    turn_planner,
+)
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 
@@ -178,3 +185,82 @@ def test_position_hint_directions_names_the_actions_toward_the_goal() -> None:
 def test_position_hint_rejects_an_unknown_kind_naming_the_choices() -> None:
     with pytest.raises(ValueError, match=r"position_hint.*'none', 'coordinates' or 'directions'"):
         FrozenLakeEnv(position_hint="compass")
+
+
+def _play_planner(desc: list[str], seed: int, episodes: int, per_turn: int) -> float:
+    """Success rate of the planner's turns played through the real env (blind within a turn)."""
+    env = make("frozen_lake", desc=desc, max_actions_per_episode=10)
+    planner = turn_planner(desc, turns=5, actions=10, max_actions_per_turn=per_turn)
+    wins = 0
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        done, used = False, 0
+        for turns_left in range(5, 0, -1):
+            row, col = env.position
+            for action in planner.best(row * len(desc[0]) + col, turns_left, 10 - used):
+                *_, terminated, truncated, info = env.step(action)
+                used += 1
+                if terminated or truncated:
+                    done = True
+                    break
+            if done:
+                break
+        wins += bool(info["success"])
+    return wins / episodes
+
+
+@pytest.mark.parametrize("per_turn", [1, 3])
+def test_turn_planner_value_is_what_its_play_achieves_in_the_env(per_turn: int) -> None:
+    planner = turn_planner(GYM_4X4, turns=5, actions=10, max_actions_per_turn=per_turn)
+    expected = float(planner.value[5, 10, 0])
+    episodes = 4000
+    observed = _play_planner(GYM_4X4, seed=7, episodes=episodes, per_turn=per_turn)
+    se = math.sqrt(expected * (1 - expected) / episodes)
+    assert abs(observed - expected) <= 4 * se, (observed, expected)
+
+
+def test_turn_planner_without_slip_succeeds_exactly_when_the_path_fits_the_budget() -> None:
+    desc = ["SFFF", "FHFH", "FFFH", "HFFG"]  # shortest path: 6 actions
+    for turns, per_turn, reachable in [(5, 1, False), (3, 2, True), (2, 3, True), (2, 2, False)]:
+        planner = turn_planner(desc, turns=turns, actions=10, max_actions_per_turn=per_turn, is_slippery=False)
+        assert planner.value[turns, 10, 0] == (1.0 if reachable else 0.0), (turns, per_turn)
+    planner = turn_planner(desc, turns=3, actions=10, max_actions_per_turn=2, is_slippery=False)
+    env = make("frozen_lake", desc=desc, is_slippery=False)
+    env.reset(seed=0)
+    for turns_left in (3, 2, 1):
+        row, col = env.position
+        for action in planner.best(row * 4 + col, turns_left, 10):
+            *_, info = env.step(action)
+    assert info["success"]
+    assert planner.best(0, 0, 10) == () and planner.best(0, 3, 0) == ()
+
+
+def test_turn_planner_slip_aware_play_beats_the_shortest_path() -> None:
+    """On random 4x4 maps, the planner's value beats replanning the slip-blind shortest path."""
+    env = make("frozen_lake", max_actions_per_episode=10)
+    values, wins, episodes = [], 0, 0
+    for map_seed in range(60):
+        env.reset(seed=map_seed)
+        desc, start = env.desc, env.position
+        values.append(
+            turn_planner(desc, turns=5, actions=10, max_actions_per_turn=3).value[5, 10, start[0] * 4 + start[1]]
+        )
+        for episode in range(40):
+            env.reset(seed=map_seed)  # the same map and start; the slip is drawn from the env's stream
+            env.np_random = np.random.default_rng(episode)
+            for _turn in range(5):
+                plan = shortest_path(desc, env.position, env.goal) or ["Left"]
+                for action in plan[:3]:
+                    *_, terminated, truncated, info = env.step(action)
+                    if terminated or truncated:
+                        break
+                if terminated or truncated:
+                    break
+            wins += bool(info["success"])
+            episodes += 1
+    assert float(np.mean(values)) > wins / episodes + 0.08, (float(np.mean(values)), wins / episodes)
+
+
+def test_turn_planner_rejects_a_budget_it_cannot_search() -> None:
+    with pytest.raises(ValueError, match="max_actions_per_turn=7"):
+        turn_planner(GYM_4X4, turns=5, actions=10, max_actions_per_turn=7)
