@@ -10,13 +10,14 @@ Chat-template rendering and tokenisation live in ``ragen_tasks.agent.chat``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 
 SYSTEM_PROMPT = "You are an agent that plays a text game. Read the board, reason briefly, then act."
 
 
-def _bandit(action_names: Sequence[str]) -> str:
+def _bandit(action_names: Sequence[str], rules: Mapping[str, Any]) -> str:
     arms = " and ".join(action_names)
     return (
         f"You face a slot machine with two arms named {arms}. Each arm pays a reward drawn from its own "
@@ -24,22 +25,24 @@ def _bandit(action_names: Sequence[str]) -> str:
     )
 
 
-def _sokoban(action_names: Sequence[str]) -> str:
+def _sokoban(action_names: Sequence[str], rules: Mapping[str, Any]) -> str:
     return (
         "You are in a Sokoban warehouse. Push every box onto a target. You can push a box but never pull "
         "it, and a box pushed into a corner is stuck for good, so plan before you push."
     )
 
 
-def _frozen_lake(action_names: Sequence[str]) -> str:
-    return (
-        "You walk on a frozen lake. Reach the goal without falling into a hole. The ice is slippery: "
-        "you may slide sideways instead of moving the way you chose."
-    )
+def _frozen_lake(action_names: Sequence[str], rules: Mapping[str, Any]) -> str:
+    text = "You walk on a frozen lake. Reach the goal without falling into a hole."
+    if rules.get("is_slippery", True):
+        return text + " The ice is slippery: you may slide sideways instead of moving the way you chose."
+    return text + " The ice is not slippery: every move goes the way you chose."
 
 
-#: env name -> function(action_names) -> task description. Add a line here for a new game.
-TASK_DESCRIPTIONS: dict[str, Callable[[Sequence[str]], str]] = {
+#: env name -> function(action_names, rules) -> task description. ``rules`` is the game's config as
+#: a mapping (e.g. FrozenLake's ``is_slippery``), so the text never claims a rule the game does not
+#: play by. Add a line here for a new game.
+TASK_DESCRIPTIONS: dict[str, Callable[[Sequence[str], Mapping[str, Any]], str]] = {
     "bandit": _bandit,
     "sokoban": _sokoban,
     "frozen_lake": _frozen_lake,
@@ -48,10 +51,10 @@ TASK_DESCRIPTIONS: dict[str, Callable[[Sequence[str]], str]] = {
 _GENERIC = "Play the game below and reach its goal."
 
 
-def task_description(env_name: str, action_names: Sequence[str]) -> str:
-    """The short task text for ``env_name``; unknown games get a generic line."""
+def task_description(env_name: str, action_names: Sequence[str], rules: Mapping[str, Any] | None = None) -> str:
+    """The short task text for ``env_name`` under the game's ``rules``; unknown games get a generic line."""
     describe = TASK_DESCRIPTIONS.get(env_name)
-    return describe(action_names) if describe is not None else _GENERIC
+    return describe(action_names, rules or {}) if describe is not None else _GENERIC
 
 
 def answer_format(*, think: bool, max_actions_per_turn: int) -> str:
@@ -76,9 +79,10 @@ def initial_messages(
     actions_left: int,
     max_actions_per_turn: int,
     think: bool,
+    rules: Mapping[str, Any] | None = None,
 ) -> list[Message]:
-    """System + first user message of an episode."""
-    lines = [task_description(env_name, action_names)]
+    """System + first user message of an episode (``rules``: the game's config, see TASK_DESCRIPTIONS)."""
+    lines = [task_description(env_name, action_names, rules)]
     if legend:
         symbols = ", ".join(f"{symbol} = {meaning}" for symbol, meaning in legend.items())
         lines.append(f"Symbols: {symbols}.")

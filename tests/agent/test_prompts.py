@@ -57,3 +57,34 @@ def test_followup_message() -> None:
     assert (
         "invalid" in msg["content"] and "-0.1" in msg["content"] and "2" in msg["content"] and "_P_" in msg["content"]
     )
+
+
+def test_frozen_lake_text_states_the_slip_rule_the_game_plays_by() -> None:
+    slippery = task_description("frozen_lake", ("Left",), {"is_slippery": True})
+    firm = task_description("frozen_lake", ("Left",), {"is_slippery": False})
+    assert "slippery" in slippery and "sideways" in slippery
+    assert "not slippery" in firm and "sideways" not in firm
+    assert task_description("frozen_lake", ("Left",)) == slippery  # the game's default is slippery
+
+
+def test_the_rollout_prompt_follows_the_game_config(chatml_tokenizer) -> None:
+    from ragen_tasks.config import AgentConfig
+    from ragen_tasks.rollout.engine import SamplingParams
+    from ragen_tasks.rollout.loop import RolloutTask, run_rollouts
+    from ragen_tasks.rollout.scripted import ScriptedEngine
+
+    prompts = {}
+    for slippery in (True, False):
+        task = RolloutTask("t", "frozen_lake", {"is_slippery": slippery}, seed=0, group_id=0)
+        engine = ScriptedEngine(chatml_tokenizer, "<think>a</think><answer>Left</answer>")
+        [traj] = run_rollouts(
+            engine,
+            chatml_tokenizer,
+            [task],
+            agent=AgentConfig(max_turns=1),
+            sampling=SamplingParams(max_new_tokens=64),
+            policy_version=0,
+            weights_fingerprint="f",
+        )
+        prompts[slippery] = chatml_tokenizer.decode(traj.input_ids[: traj.prompt_length])
+    assert "The ice is slippery" in prompts[True] and "not slippery" in prompts[False]
