@@ -121,6 +121,12 @@ class AlgoConfig(_Frozen):
     filter_mode: Literal["highest_std", "lowest_std", "nonzero_std"] = Field(
         "highest_std", description="which groups the uncertainty filter keeps"
     )
+    drop_zero_advantage: bool = Field(
+        False,
+        description="StarPO-S speed-up (grpo / batch_norm only): drop trajectories whose advantage is 0 on every "
+        "token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
+        "False keeps every row, as verl / RAGEN do",
+    )
 
 
 class OptimConfig(_Frozen):
@@ -185,6 +191,12 @@ class WarmStartConfig(_Frozen):
         ge=0,
         le=1,
         description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones",
+    )
+    reasoning: Literal["relative", "fixed"] = Field(
+        "relative",
+        description="the demonstrations' <think> text: 'relative' states where the things that matter lie, in "
+        "action names (Sokoban: the box from the player, the target from the box; FrozenLake: the goal), read "
+        "from the board; 'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
 
 

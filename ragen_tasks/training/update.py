@@ -2,8 +2,9 @@
 
 In order (CleanRL style):
 
-1. advantages that need no model (GRPO, batch-normalised) -> drop trajectories whose advantage is
-   0 everywhere (zero-variance groups carry no signal) BEFORE any forward pass;
+1. advantages that need no model (GRPO, batch-normalised); with ``algo.drop_zero_advantage``
+   (StarPO-S), trajectories whose advantage is 0 everywhere (zero-variance groups carry no signal)
+   are dropped BEFORE any forward pass, which also drops their tokens from the loss denominator;
 2. no-grad forward passes: old log-probs of the actor, reference log-probs (only when a KL term is
    on), values (only with a critic);
 3. token rewards (+ KL in the reward) -> GAE advantages and returns (when the critic is on);
@@ -114,7 +115,7 @@ def ppo_update(
     micro = optim.micro_batch_size
     device = batch.input_ids.device
 
-    # 1. model-free advantages first, so rows without signal never reach a forward pass
+    # 1. model-free advantages first, so rows without signal can be dropped before any forward pass
     # (B, T) the trajectory's advantage on every trained token, 0 where loss_mask = 0. loss_mask is
     # response_mask unless agent.loss_on_observations also trains on observation tokens.
     advantages: torch.Tensor | None = None
@@ -126,13 +127,15 @@ def ppo_update(
         advantages = batch_norm_advantages(batch.rewards, batch.loss_mask)
     if advantages is not None:
         keep = ((advantages * batch.loss_mask) != 0).any(dim=1).nonzero().squeeze(1)  # (B',) rows with signal
-        metrics["batch/skipped_zero_adv"] = float(batch.batch_size - keep.numel())
-        if keep.numel() == 0:
-            log.info("every trajectory has zero advantage: nothing to train on")
-            metrics["timing/update_s"] = time.perf_counter() - t0
-            return metrics
-        advantages = advantages[keep][:, : int(batch.lengths[keep].max())]
-        batch = batch.select(keep)
+        metrics["batch/zero_adv_rows"] = float(batch.batch_size - keep.numel())
+        if algo.drop_zero_advantage:
+            metrics["batch/skipped_zero_adv"] = float(batch.batch_size - keep.numel())
+            if keep.numel() == 0:
+                log.info("every trajectory has zero advantage: nothing to train on")
+                metrics["timing/update_s"] = time.perf_counter() - t0
+                return metrics
+            advantages = advantages[keep][:, : int(batch.lengths[keep].max())]
+            batch = batch.select(keep)
 
     # 2. no-grad forward passes on the kept rows
     actor.module.eval()

@@ -61,25 +61,40 @@ def test_gae_parameters_move_and_first_clipfrac_zero():
 
 
 def test_gradient_accumulation_matches_full_minibatch():
+    """Micro-batches of 3 accumulate the same gradient as one pass over the 16-row minibatch.
+
+    Compared through plain SGD (lr 1: the weight change IS the clipped gradient), not AdamW: Adam
+    divides by sqrt(v), which turns float round-off on a ~1e-8 gradient into a lr-sized change
+    that differs between CPUs and thread counts."""
     algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0, kl_mode="none")
     batch = collate(synthetic_trajectories())
-    finals = []
+    results = []
     for micro in (16, 3):
-        optim = OptimConfig(lr=1e-3, minibatch_size=16, micro_batch_size=micro)
-        actor_m, actor, _ = _setup(algo, optim, critic=False)
+        optim = OptimConfig(lr=1.0, minibatch_size=16, micro_batch_size=micro)
+        actor_m = tiny_actor(0)
+        before = copy.deepcopy(actor_m.state_dict())
+        actor = make_train_model(actor_m, torch.optim.SGD(actor_m.parameters(), lr=1.0), optim)
         m = ppo_update(batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
-        finals.append((actor_m.state_dict(), m["actor/grad_norm"]))
-    assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-4)
-    for k, v in finals[0][0].items():
-        torch.testing.assert_close(v, finals[1][0][k], rtol=1e-4, atol=1e-6)
+        assert m["actor/steps"] == 1
+        change = {k: v - before[k] for k, v in actor_m.state_dict().items()}  # = -clipped gradient
+        results.append((change, m["actor/grad_norm"]))
+    assert results[0][1] == pytest.approx(results[1][1], rel=1e-4)
+    for k, v in results[0][0].items():
+        torch.testing.assert_close(v, results[1][0][k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def _one_zero_variance_group() -> list:
+    from dataclasses import replace
+
+    trajs = synthetic_trajectories(n_groups=2, group_size=4)
+    return [replace(t, turn_rewards=[1.0, 0.0], reward=1.0) if t.group_id == 0 else t for t in trajs]
 
 
 def test_zero_variance_groups_are_skipped_before_forward():
-    trajs = synthetic_trajectories(n_groups=2, group_size=4)
-    from dataclasses import replace
-
-    trajs = [replace(t, turn_rewards=[1.0, 0.0], reward=1.0) if t.group_id == 0 else t for t in trajs]
-    algo = AlgoConfig(advantage="grpo", kl_mode="in_loss", kl_estimator="k3", filter_keep_ratio=1.0)
+    trajs = _one_zero_variance_group()
+    algo = AlgoConfig(
+        advantage="grpo", kl_mode="in_loss", kl_estimator="k3", filter_keep_ratio=1.0, drop_zero_advantage=True
+    )
     optim = OptimConfig(lr=1e-3, minibatch_size=8, micro_batch_size=8)
     actor_m, actor, _ = _setup(algo, optim, critic=False)
     m = ppo_update(
@@ -93,6 +108,27 @@ def test_zero_variance_groups_are_skipped_before_forward():
     assert m["batch/skipped_zero_adv"] == 4.0
     assert m["perf/tokens"] == sum(t.num_tokens for t in trajs if t.group_id == 1)
     assert "actor/kl_loss" in m
+
+
+def test_vanilla_keeps_zero_advantage_rows_in_the_token_mean():
+    """Without drop_zero_advantage (vanilla StarPO, as verl / RAGEN) every row reaches the loss: the
+    zero-advantage rows add tokens to the token-mean denominator, so the gradient is smaller by
+    exactly the token ratio (the pre-clip gradient norm, taken before the optimizer steps)."""
+    trajs = _one_zero_variance_group()
+    grads = {}
+    for drop in (True, False):
+        algo = AlgoConfig(advantage="grpo", kl_mode="none", filter_keep_ratio=1.0, drop_zero_advantage=drop)
+        optim = OptimConfig(lr=1e-3, minibatch_size=8, micro_batch_size=8, max_grad_norm=1e9)
+        actor_m, actor, _ = _setup(algo, optim, critic=False)
+        m = ppo_update(collate(trajs), actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
+        assert m["batch/zero_adv_rows"] == 4.0
+        grads[drop] = m["actor/grad_norm"]
+        if not drop:
+            assert "batch/skipped_zero_adv" not in m
+            assert m["perf/tokens"] == sum(t.num_tokens for t in trajs)
+    kept = sum(sum(t.loss_mask) for t in trajs if t.group_id == 1)
+    every = sum(sum(t.loss_mask) for t in trajs)
+    assert grads[False] == pytest.approx(grads[True] * kept / every, rel=1e-4)
 
 
 def test_non_finite_steps_are_skipped_then_abort():
@@ -142,7 +178,9 @@ def test_missing_critic_or_reference_is_a_clear_error():
 
 @pytest.mark.gpu
 def test_cuda_update_matches_cpu_update() -> None:
-    """The same fp32 update on CUDA and on CPU: same metrics and same new weights (TF32 off)."""
+    """The same fp32 update on CUDA and on CPU: same metrics and same new weights (TF32 off).
+
+    Stepped with plain SGD: AdamW would turn round-off on tiny gradients into lr-sized changes."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -151,7 +189,7 @@ def test_cuda_update_matches_cpu_update() -> None:
     results = {}
     for device in ("cpu", "cuda"):
         module = tiny_actor(0).to(device)
-        actor = make_train_model(module, make_optimizer(module, lr=optim.lr, weight_decay=0.0), optim)
+        actor = make_train_model(module, torch.optim.SGD(module.parameters(), lr=optim.lr), optim)
         batch = collate(synthetic_trajectories()).to(device)
         m = ppo_update(batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
         results[device] = (m, {k: v.detach().cpu() for k, v in module.state_dict().items()})
