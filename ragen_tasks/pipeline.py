@@ -300,16 +300,13 @@ def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
     stored_config, _ = run.store.read_json(run.run_id, 0, "summary", "config")  # the first start's, on a resume
     _check_same_config(stored_config, config.model_dump(mode="json"), run.store.uri(run.run_id))
     if _step_missing(run, 0):
-        trainer = build_trainer(config, config.model.name_or_path)
+        source: str | Path = config.model.name_or_path
         warm: dict[str, Any] = {}
         if config.warm_start.enabled and config.model.name_or_path in PRESETS:
-            from ragen_tasks.training.warm_start import warm_start  # only needed for fresh presets
-
-            warm = warm_start(trainer.actor_module, trainer.tokenizer, config, progress=progress)
-            trainer = _fresh_optimizers(config, trainer)
-        # Its record first: a retry after a crash before the checkpoint commit redoes the (seeded) warm start.
+            source, warm = warm_started_policy(run, progress=progress)
+        # Its record first: a retry after a crash before the checkpoint commit finds the cached warm start.
         run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
-        save_trainer(run, trainer, 0)
+        save_trainer(run, build_trainer(config, source), 0)
     else:
         _republish(run, 0)
     warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
@@ -323,9 +320,50 @@ def initial_eval(run: Run) -> dict[str, Any]:
     return _evaluate_once(run, 0, "initial", 0)
 
 
-def _fresh_optimizers(config: TrainConfig, trainer: Trainer) -> Trainer:
-    """RL starts with fresh optimizer state (the warm start's Adam moments are not RL's)."""
-    return replace(trainer, train_models=_wrap(config, trainer.actor_module, trainer.models))
+def warm_start_key(config: TrainConfig) -> str:
+    """What a warm start is a pure function of, hashed: the model and its device, the games, the
+    agent turn, the warm-start settings, the seeds, the preset's build and torch's version."""
+    import hashlib
+    import json
+
+    from ragen_tasks.models.presets import PRESET_VERSION
+    from ragen_tasks.training.warm_start import WARM_START_VERSION
+
+    material = {
+        "code": [WARM_START_VERSION, PRESET_VERSION, torch.__version__],
+        "model": config.model.model_dump(mode="json"),
+        "envs": [spec.model_dump(mode="json") for spec in config.envs],
+        "agent": config.agent.model_dump(mode="json"),
+        "warm_start": config.warm_start.model_dump(mode="json"),
+        "seeds": [config.seed, config.eval.seed_offset],
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_started_policy(run: Run, *, progress: Any = None) -> tuple[Path, dict[str, Any]]:
+    """The warm-started policy for ``run.config``: (its committed checkpoint folder, the warm start's
+    record). Warm starts are cached in the store as the checkpoint 0 of a run named
+    ``warm-start-<key>`` (``warm_start_key``): a second run with the same warm-start inputs starts
+    RL at once. The record says ``cache: hit`` or ``miss``. Every run, hit or miss, builds its
+    trainer from that folder, so both take the same path from there on."""
+    config, key = run.config, warm_start_key(run.config)
+    cache = replace(run, run_id=f"warm-start-{key}", protect_steps=frozenset())
+    if _step_missing(cache, 0):
+        from ragen_tasks.training.warm_start import warm_start  # only needed for fresh presets
+
+        trainer = build_trainer(config, config.model.name_or_path)
+        record = warm_start(trainer.actor_module, trainer.tokenizer, config, progress=progress)
+        run.store.write_json(cache.run_id, 0, "summary", "warm_start", record, producer=PRODUCER)
+        ckpt.save_checkpoint(
+            cache.checkpoint_root, 0, actor=trainer.actor_module, tokenizer=trainer.tokenizer, optimizers={}
+        )
+        cache.publish_checkpoint(0)
+        outcome = "miss"
+    else:
+        outcome = "hit"
+        log.info("warm start: cache hit %s (RL starts from it at once)", run.store.uri(cache.run_id))
+    record, _ = run.store.read_json(cache.run_id, 0, "summary", "warm_start")
+    return cache.checkpoint_path(0), {**record, "cache": outcome, "cache_run": cache.run_id}
 
 
 def _republish(run: Run, step: int) -> None:

@@ -7,9 +7,12 @@ not the answer:
 * Bandit demonstrations pick an arm UNIFORMLY AT RANDOM (the reasoning text names no arm), so the
   warm-started policy is arm-neutral; ``warm_start`` measures and returns its choice rate of the
   higher-EV arm (it should be near 0.5), so the Bandit learning a run shows is RL's.
-* FrozenLake / Sokoban demonstrations follow the solvers (FrozenLake: shortest path ignoring
-  slip, re-planned every turn), with a fraction of actions replaced by random ones,
-  so the warm-started policy is a noisy solver and RL has to improve on it (``warm_start.demo_noise``).
+* FrozenLake / Sokoban demonstrations follow the solvers, with a fraction of actions replaced by
+  random ones, so the warm-started policy is a noisy solver and RL has to improve on it
+  (``warm_start.demo_noise``). Sokoban: the BFS solver's shortest plan from the current room, cut
+  to the turn's action limit. FrozenLake: the slip-aware turn planner (``frozen_lake.turn_planner``:
+  the best actions for this turn given the turns and actions left, under the game's own slip law);
+  a slip-blind shortest path would teach a policy barely above random on slippery ice.
   On a FrozenLake with a ``position_hint``, the demonstrator's reasoning restates the hint: a small
   model learns to copy it far sooner than to act on it directly (measured: first-action accuracy
   0.83 after 400 steps when the hint is restated, 0.29 when the reasoning is a fixed sentence).
@@ -33,13 +36,18 @@ from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.envs.frozen_lake import position_hint, shortest_path
+from ragen_tasks.envs._common import direction_words
+from ragen_tasks.envs.frozen_lake import position_hint, turn_planner
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
 from ragen_tasks.training.critic import token_logprobs
 
 log = logging.getLogger(__name__)
+
+#: Bump when what a warm start produces changes for the same config (demonstrators, reasoning, the
+#: supervised loop): cached warm starts (``pipeline.warm_start_key``) are keyed by it.
+WARM_START_VERSION = "2"
 
 _REASON = {
     "bandit": "I will try one of the arms.",
@@ -48,26 +56,76 @@ _REASON = {
 }
 
 
-def demo_reasoning(env: TextGame) -> str:
-    """The demonstration's think text: a fixed sentence per game; on a FrozenLake with a position
-    hint, the demonstrator restates the hint (reading the state, not choosing the action)."""
-    if env.name == "frozen_lake" and env.config.position_hint != "none":  # type: ignore[attr-defined]
-        return position_hint(env.position, env.goal, env.config.position_hint)  # type: ignore[attr-defined]
+def demo_reasoning(env: TextGame, style: str = "relative") -> str:
+    """The demonstration's think text: what the demonstrator reads off the board, not its choice.
+
+    ``style`` is ``WarmStartConfig.reasoning``. ``"relative"``: Sokoban says where the nearest box
+    not on a target lies from the player and where the nearest free target lies from that box;
+    FrozenLake says where the goal lies (a small model learns to act on these directions far sooner
+    than on the grid alone). A FrozenLake with a ``position_hint`` restates the hint in either style.
+    ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
+    """
+    if env.name == "frozen_lake":
+        lake: Any = env
+        if lake.config.position_hint != "none":
+            return position_hint(lake.position, lake.goal, lake.config.position_hint)
+        if style == "relative":
+            return position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me.")
+    if env.name == "sokoban" and style == "relative":
+        return _sokoban_relative(getattr(env, "room"))  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
     return _REASON.get(env.name, "I act.")
 
 
-def demo_actions(env: TextGame, rng: np.random.Generator, max_actions: int, noise: float) -> list[str]:
-    """The demonstrator's actions for the env's current state (at most ``max_actions``)."""
+def _sokoban_relative(room: Any) -> str:
+    width = room.width
+
+    def cell(i: int) -> tuple[int, int]:
+        return divmod(i, width)
+
+    def distance(a: int, b: int) -> int:
+        return abs(a // width - b // width) + abs(a % width - b % width)
+
+    loose = sorted(room.boxes - room.targets, key=lambda b: (distance(room.player, b), b))
+    if not loose:
+        return "Every box is on a target."
+    box = loose[0]
+    free = sorted(room.targets - room.boxes, key=lambda t: (distance(box, t), t))
+    return (
+        f"The box is {direction_words(cell(room.player), cell(box)) or 'here'} from me. "
+        f"The target is {direction_words(cell(box), cell(free[0]))} from the box."
+    )
+
+
+def demo_actions(
+    env: TextGame, rng: np.random.Generator, agent: AgentConfig, *, turns_left: int, noise: float
+) -> list[str]:
+    """The demonstrator's actions for the env's current state and this turn of the episode."""
     names = list(env.action_names)
     if env.name == "bandit":
         return [names[int(rng.integers(len(names)))]]  # arm-neutral by construction
-    plan: list[str] | None = None
+    max_actions = agent.max_actions_per_turn
+    plan: Sequence[str] | None = None
     if env.name == "frozen_lake":
-        plan = shortest_path(env.desc, env.position, env.goal)  # type: ignore[attr-defined]
+        lake = env.config  # type: ignore[attr-defined]
+        planner = turn_planner(
+            env.desc,  # type: ignore[attr-defined]
+            turns=agent.max_turns,
+            actions=min(agent.max_actions_per_episode, lake.max_actions_per_episode),
+            max_actions_per_turn=min(max_actions, _PLANNED_ACTIONS_PER_TURN),
+            is_slippery=lake.is_slippery,
+            success_rate=lake.success_rate,
+        )
+        row, col = env.position  # type: ignore[attr-defined]
+        plan = planner.best(row * len(env.desc[0]) + col, turns_left, env.actions_left)  # type: ignore[attr-defined]
     elif hasattr(env, "solve"):
         plan = env.solve()
     plan = list(plan or [])[:max_actions] or [names[int(rng.integers(len(names)))]]
     return [names[int(rng.integers(len(names)))] if rng.random() < noise else a for a in plan]
+
+
+#: The FrozenLake planner searches 4^k sequences per turn: beyond 5 actions a turn the search is
+#: slow and the ceiling no higher (4x4, 5 turns, 10 actions: 0.504 at 3, 0.508 at 5).
+_PLANNED_ACTIONS_PER_TURN = 5
 
 
 class DemonstratorEngine:
@@ -78,14 +136,23 @@ class DemonstratorEngine:
     """
 
     def __init__(
-        self, tokenizer: Any, tasks: Sequence[RolloutTask], agent: AgentConfig, *, seed: int, noise: float
+        self,
+        tokenizer: Any,
+        tasks: Sequence[RolloutTask],
+        agent: AgentConfig,
+        *,
+        seed: int,
+        noise: float,
+        reasoning: str = "relative",
     ) -> None:
         self.tokenizer = tokenizer
         self.agent = agent
         self.noise = noise
+        self.reasoning = reasoning
         self.rng = np.random.default_rng(seed)
         self._pending = [t.traj_id for t in tasks]
         self._envs: dict[str, TextGame] = {}
+        self._turns: dict[str, int] = {}  # session -> turns already answered
 
     def env_factory(self, name: str, config: Mapping[str, Any]) -> TextGame:
         env = make(name, **dict(config))
@@ -96,9 +163,11 @@ class DemonstratorEngine:
         out = []
         for request in requests:
             env = self._envs[request.session_id]
-            actions = demo_actions(env, self.rng, self.agent.max_actions_per_turn, self.noise)
+            turn = self._turns.get(request.session_id, 0)
+            self._turns[request.session_id] = turn + 1
+            actions = demo_actions(env, self.rng, self.agent, turns_left=self.agent.max_turns - turn, noise=self.noise)
             answer = f"<answer>{' || '.join(actions)}</answer>"
-            text = f"<think>{demo_reasoning(env)}</think>{answer}" if self.agent.think else answer
+            text = f"<think>{demo_reasoning(env, self.reasoning)}</think>{answer}" if self.agent.think else answer
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))[: params.max_new_tokens]
             out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", text=text))
         return out
@@ -106,13 +175,15 @@ class DemonstratorEngine:
     def release(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
             self._envs.pop(sid, None)
+            self._turns.pop(sid, None)
 
 
 def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Trajectory]:
     """``episodes_per_env`` demonstration episodes per env of the mixture (training seeds only)."""
     groups = config.warm_start.episodes_per_env * len(config.envs)
     tasks = make_group_tasks(config.envs, groups, 1, seed, iteration=999_999, seed_space=config.eval.seed_offset)
-    engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed, noise=config.warm_start.demo_noise)
+    ws = config.warm_start
+    engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed, noise=ws.demo_noise, reasoning=ws.reasoning)
     sampling = SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn)
     return run_rollouts(
         engine,

@@ -15,10 +15,54 @@ def test_frozen_lake_demonstrator_restates_the_position_hint_under_the_board(hin
     assert board.endswith("\n" + demo_reasoning(env))
 
 
-def test_without_described_positions_the_reasoning_is_a_fixed_sentence() -> None:
+def test_fixed_reasoning_is_one_sentence_per_game() -> None:
     lake = make("frozen_lake", desc=["FFG", "SFH"])
     lake.reset(seed=0)
-    assert demo_reasoning(lake) == "I move toward the goal and stay off the holes."
+    assert demo_reasoning(lake, "fixed") == "I move toward the goal and stay off the holes."
     bandit = make("bandit")
     bandit.reset(seed=0)
-    assert not any(arm in demo_reasoning(bandit) for arm in bandit.action_names)  # arm-neutral
+    for style in ("fixed", "relative"):
+        assert not any(arm in demo_reasoning(bandit, style) for arm in bandit.action_names)  # arm-neutral
+
+
+def test_relative_reasoning_reads_the_board() -> None:
+    lake = make("frozen_lake", desc=["FFG", "SFH"])
+    lake.reset(seed=0)
+    assert demo_reasoning(lake) == "The goal is Up 1 and Right 2 from me."
+    room = "\n".join(["######", "#_O__#", "#____#", "#_X_P#", "#____#", "######"])
+    sokoban = make("sokoban", room=room)
+    sokoban.reset(seed=0)
+    assert demo_reasoning(sokoban) == "The box is Left 2 from me. The target is Up 2 from the box."
+    sokoban.step("Left")  # the player walks next to the box
+    sokoban.step("Left")  # and pushes it one cell left, past the target's column
+    assert demo_reasoning(sokoban) == "The box is Left 1 from me. The target is Up 2 and Right 1 from the box."
+
+
+def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) -> None:
+    """Noise-free FrozenLake demonstrations on the paper's lake (slippery, random maps) succeed as
+    often as the planner's value says, and name at most max_actions_per_turn actions a turn."""
+    import math
+
+    import numpy as np
+
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.envs.frozen_lake import turn_planner
+    from ragen_tasks.training.warm_start import demonstrations
+
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=3, max_actions_per_episode=10, max_tokens_per_turn=64)
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=agent,
+        warm_start=WarmStartConfig(episodes_per_env=600, demo_noise=0.0),
+    )
+    demos = demonstrations(chatml_tokenizer, config, seed=0)
+    values = []
+    for demo in demos:
+        lake = make("frozen_lake")
+        lake.reset(seed=demo.seed)
+        row, col = lake.position
+        values.append(turn_planner(lake.desc, turns=5, actions=10, max_actions_per_turn=3).value[5, 10, row * 4 + col])
+        assert all(1 <= len(actions) <= 3 for actions in demo.turn_actions[:-1])
+    expected, observed = float(np.mean(values)), float(np.mean([d.success for d in demos]))
+    assert expected > 0.45  # the paper's lake at this budget (random play ~0.21)
+    assert abs(observed - expected) < 4 * math.sqrt(expected * (1 - expected) / len(demos)), (observed, expected)

@@ -1,0 +1,35 @@
+"""Pipeline stages as library calls (no Prefect): the warm-start cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ragen_tasks import pipeline
+from ragen_tasks.presets import load_config
+from tests.flows.conftest import TINY_RUN
+
+
+def _run(tmp_path: Path, run_id: str, **extra: object) -> pipeline.Run:
+    config = load_config("bandit-tiny", {**TINY_RUN, "store.root": str(tmp_path / "runs"), **extra})
+    return pipeline.open_run(config, run_id)
+
+
+def test_a_second_run_with_the_same_warm_start_inputs_starts_from_the_cached_one(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, "first"), _run(tmp_path, "second", iterations=7, **{"optim.lr": 5e-4})
+    assert pipeline.warm_start_key(first.config) == pipeline.warm_start_key(second.config)  # RL knobs differ only
+    made = pipeline.init_run(first)["warm_start"]
+    reused = pipeline.init_run(second)["warm_start"]
+    assert (made["cache"], reused["cache"]) == ("miss", "hit")
+    assert made["cache_run"] == reused["cache_run"] and (tmp_path / "runs" / made["cache_run"]).is_dir()
+    assert {k: v for k, v in made.items() if k != "cache"} == {k: v for k, v in reused.items() if k != "cache"}
+    assert pipeline.fingerprint(first, 0) == pipeline.fingerprint(second, 0)  # the same warm-started weights
+
+
+def test_a_changed_warm_start_input_is_a_new_cache_entry(tmp_path: Path) -> None:
+    base = _run(tmp_path, "base")
+    for key, value in (("warm_start.steps", 5), ("seed", 1), ("agent.max_actions_per_turn", 2)):
+        changed = _run(tmp_path, "changed", **{key: value})
+        assert pipeline.warm_start_key(changed.config) != pipeline.warm_start_key(base.config), key
+    pipeline.init_run(base)
+    other = _run(tmp_path, "other", **{"warm_start.steps": 5})
+    assert pipeline.init_run(other)["warm_start"]["cache"] == "miss"
