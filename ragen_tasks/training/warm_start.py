@@ -35,8 +35,8 @@ from ragen_tasks.config import AgentConfig, TrainConfig
 from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
-from ragen_tasks.envs.base import TextGame
 from ragen_tasks.envs._common import direction_words
+from ragen_tasks.envs.base import TextGame
 from ragen_tasks.envs.frozen_lake import position_hint, turn_planner
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine

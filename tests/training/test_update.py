@@ -119,7 +119,7 @@ def test_vanilla_keeps_zero_advantage_rows_in_the_token_mean():
     for drop in (True, False):
         algo = AlgoConfig(advantage="grpo", kl_mode="none", filter_keep_ratio=1.0, drop_zero_advantage=drop)
         optim = OptimConfig(lr=1e-3, minibatch_size=8, micro_batch_size=8, max_grad_norm=1e9)
-        actor_m, actor, _ = _setup(algo, optim, critic=False)
+        _, actor, _ = _setup(algo, optim, critic=False)
         m = ppo_update(collate(trajs), actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
         assert m["batch/zero_adv_rows"] == 4.0
         grads[drop] = m["actor/grad_norm"]
