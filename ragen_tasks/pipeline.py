@@ -353,6 +353,8 @@ def warm_started_policy(run: Run, *, progress: Any = None) -> tuple[Path, dict[s
 
         trainer = build_trainer(config, config.model.name_or_path)
         record = warm_start(trainer.actor_module, trainer.tokenizer, config, progress=progress)
+        # the config too: `ragen evaluate` on the cached checkpoint then plays the games it was made for
+        run.store.write_json(cache.run_id, 0, "summary", "config", config.model_dump(mode="json"), producer=PRODUCER)
         run.store.write_json(cache.run_id, 0, "summary", "warm_start", record, producer=PRODUCER)
         ckpt.save_checkpoint(
             cache.checkpoint_root, 0, actor=trainer.actor_module, tokenizer=trainer.tokenizer, optimizers={}

@@ -23,6 +23,9 @@ def test_a_second_run_with_the_same_warm_start_inputs_starts_from_the_cached_one
     assert made["cache_run"] == reused["cache_run"] and (tmp_path / "runs" / made["cache_run"]).is_dir()
     assert {k: v for k, v in made.items() if k != "cache"} == {k: v for k, v in reused.items() if k != "cache"}
     assert pipeline.fingerprint(first, 0) == pipeline.fingerprint(second, 0)  # the same warm-started weights
+    cached = tmp_path / "runs" / made["cache_run"] / "checkpoints" / "step_000000"
+    owner = pipeline.run_of_checkpoint(cached)  # `ragen evaluate` finds the config the warm start was made for
+    assert owner is not None and owner.config.envs == first.config.envs
 
 
 def test_a_changed_warm_start_input_is_a_new_cache_entry(tmp_path: Path) -> None:
