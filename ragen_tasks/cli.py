@@ -68,6 +68,10 @@ def train(
     typer.echo(_summary_text(summary))
 
 
+def _rate(value: float | None) -> str:
+    return "  -  " if value is None else f"{value:.3f}"
+
+
 def _summary_text(summary: dict[str, Any]) -> str:
     lines = [
         f"run: {summary['store']}",
@@ -79,10 +83,17 @@ def _summary_text(summary: dict[str, Any]) -> str:
             f"warm start: Bandit higher-EV arm chosen {summary['warm_start']['bandit_high_ev_choice_rate']:.2f} "
             "of the time (0.5 = arm-neutral)"
         )
-    lines.append("held-out success   before RL -> after RL")
+    if summary.get("warm_start", {}).get("cache") == "hit":
+        lines.append(f"warm start: reused from the cache ({summary['warm_start'].get('cache_run')})")
+    lines.append("held-out success   before RL -> after RL   z      random  ceiling")
     for env, before in summary.get("eval_before_rl", {}).items():
         after = summary.get("eval_after_rl", {}).get(env, {})
-        lines.append(f"  {env:<16} {before['success']:.3f}  ->  {after.get('success', float('nan')):.3f}")
+        reference = summary.get("reference", {}).get(env, {})
+        z = summary.get("rl_gain_z", {}).get(env)
+        lines.append(
+            f"  {env:<16} {before['success']:.3f}  ->  {after.get('success', float('nan')):.3f}"
+            f"   {'   -' if z is None else f'{z:+5.1f}'}  {_rate(reference.get('random'))}   {_rate(reference.get('ceiling'))}"
+        )
     if summary.get("stopped"):
         lines.append(f"stopped early: {summary['stopped']}")
     return "\n".join(lines)

@@ -105,6 +105,30 @@ def _trajectory_html(traj: Trajectory) -> str:
     return head + table + "".join(rows) + "</table>"
 
 
+def _results_html(summary: Mapping[str, Any]) -> str:
+    """Per game: held-out success before RL (the warm start) and after, RL's z, random play and the
+    ceiling at the agent's budget on the same seeds."""
+    before, after = summary.get("eval_before_rl", {}), summary.get("eval_after_rl", {})
+    reference, gain = summary.get("reference", {}), summary.get("rl_gain_z", {})
+
+    def rate(value: Any) -> str:
+        return "-" if value is None else f"{float(value):.3f}"
+
+    rows = [
+        f"<tr><td>{html.escape(env)}</td><td>{rate(before[env].get('success'))}</td>"
+        f"<td>{rate(after.get(env, {}).get('success'))}</td>"
+        f"<td>{'-' if env not in gain else f'{float(gain[env]):+.2f}'}</td>"
+        f"<td>{rate(reference.get(env, {}).get('random'))}</td><td>{rate(reference.get(env, {}).get('ceiling'))}</td>"
+        f"<td>{int(before[env].get('episodes', 0))}</td></tr>"
+        for env in sorted(before)
+    ]
+    head = (
+        "<h2>Held-out success per game</h2><table><tr><th>game</th><th>before RL (warm start)</th>"
+        "<th>after RL</th><th>z (RL gain)</th><th>random play</th><th>ceiling at this budget</th><th>seeds</th></tr>"
+    )
+    return head + "".join(rows) + "</table>"
+
+
 def write_report(
     path: Path,
     *,
@@ -126,6 +150,7 @@ def write_report(
         f"<h1>{html.escape(title)}</h1>",
     ]
     if summary:
+        parts.append(_results_html(summary))
         parts.append(f"<h2>Summary</h2><pre>{html.escape(json.dumps(summary, indent=2, default=str))}</pre>")
     if signals:
         parts.append("<h2 class='sig'>Echo-Trap guard signals</h2><ul>")

@@ -2,7 +2,9 @@
 
 ``summary.json`` (in the run folder) holds the preset, iterations, the final checkpoint, and the
 held-out evaluation of the policy BEFORE RL (checkpoint 0, after the warm start) and AFTER RL
-(the final checkpoint), per env, so the learning it shows is RL's.
+(the final checkpoint), per env, so the learning it shows is RL's; beside them, per env, the
+game's reference points on the same seeds (ceiling at the agent's budget, random play) and the
+one-sided z of RL's gain in success over the warm start.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from ragen_tasks import pipeline
 from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.evaluation import one_sided_z, reference_points
 from ragen_tasks.report import write_report
 
 log = logging.getLogger(__name__)
@@ -65,9 +68,14 @@ def finish_run(
     if rows:  # the final policy's held-out evaluation (a no-op if the last iteration already ran it)
         name = "eval" if final_step == int(rows[-1]["policy/next_step"]) else "final"
         after = dict(pipeline.evaluate(run, len(rows) - 1, final_step, name=name)["envs"])
+    config = run.config
+    reference = {  # one spec per game name: evaluation aggregates by name
+        spec.name: reference_points(spec, config.agent, seeds=config.eval.seeds, seed_offset=config.eval.seed_offset)
+        for spec in {spec.name: spec for spec in reversed(config.envs)}.values()
+    }
     summary: dict[str, Any] = {
         "run_id": run.run_id,
-        "preset": run.config.preset,
+        "preset": config.preset,
         "iterations": len(rows),
         "final_checkpoint": str(run.checkpoint_path(final_step)),
         "store": run.store.uri(run.run_id),
@@ -75,6 +83,12 @@ def finish_run(
         "eval_before_rl": before,
         "eval_after_rl": after,
         "final_eval": after,
+        "reference": reference,
+        "rl_gain_z": {
+            env: one_sided_z(b["success"], b["episodes"], after[env]["success"], after[env]["episodes"])
+            for env, b in before.items()
+            if env in after
+        },
     }
     if stopped:
         summary["stopped"] = stopped

@@ -61,3 +61,22 @@ def test_report_of_a_non_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a RAGEN run" in result.output or "run_id" in result.output
+
+
+def test_the_summary_lines_put_rl_beside_random_play_and_the_ceiling() -> None:
+    from ragen_tasks.cli import _summary_text
+
+    text = _summary_text(
+        {
+            "store": "runs/x",
+            "report": "runs/x/report.html",
+            "final_checkpoint": "runs/x/checkpoints/step_000040",
+            "warm_start": {"cache": "hit", "cache_run": "warm-start-0123456789abcdef"},
+            "eval_before_rl": {"sokoban": {"success": 0.41}},
+            "eval_after_rl": {"sokoban": {"success": 0.62}},
+            "reference": {"sokoban": {"ceiling": 0.977, "random": 0.041}},
+            "rl_gain_z": {"sokoban": 4.8},
+        }
+    )
+    assert "reused from the cache (warm-start-0123456789abcdef)" in text
+    assert text.splitlines()[-1].split() == ["sokoban", "0.410", "->", "0.620", "+4.8", "0.041", "0.977"]

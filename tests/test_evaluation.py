@@ -56,3 +56,38 @@ def test_degenerate_rates() -> None:
 def test_missing_env_is_an_error_not_a_pass() -> None:
     with pytest.raises(ValueError, match="missing envs"):
         regression_gate({"bandit": _rates(1, 2)}, {"bandit": _rates(1, 2), "sokoban": _rates(1, 2)})
+
+
+def test_one_sided_z_against_a_hand_computed_case() -> None:
+    from ragen_tasks.evaluation import one_sided_z
+
+    # 0.5 vs 0.6 on 100 each: pooled 0.55, se = sqrt(0.55 * 0.45 * 0.02) = 0.070356
+    assert one_sided_z(0.5, 100, 0.6, 100) == pytest.approx(0.1 / 0.0703562, rel=1e-5)
+    assert one_sided_z(0.6, 100, 0.5, 100) == pytest.approx(-0.1 / 0.0703562, rel=1e-5)
+    assert one_sided_z(0.0, 10, 0.0, 10) == 0.0 and one_sided_z(1.0, 10, 1.0, 10) == 0.0
+
+
+def test_reference_points_on_fixed_games() -> None:
+    from ragen_tasks.config import AgentConfig, EnvSpec
+    from ragen_tasks.envs.frozen_lake import turn_planner
+    from ragen_tasks.evaluation import reference_points
+
+    room = "\n".join(["######", "#_O__#", "#____#", "#_X_P#", "#____#", "######"])  # solved in 5 actions
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=3, max_actions_per_episode=10)
+    sokoban = reference_points(EnvSpec(name="sokoban", config={"room": room}), agent, seeds=4, seed_offset=0)
+    assert sokoban["ceiling"] == 1.0 and 0.0 <= sokoban["random"] < 0.5
+    short = AgentConfig(max_turns=2, max_actions_per_turn=2, max_actions_per_episode=10)  # 4 actions at most
+    assert (
+        reference_points(EnvSpec(name="sokoban", config={"room": room}), short, seeds=2, seed_offset=0)["ceiling"]
+        == 0.0
+    )
+
+    desc = ["SFFF", "FHFH", "FFFH", "HFFG"]
+    lake = reference_points(EnvSpec(name="frozen_lake", config={"desc": desc}), agent, seeds=3, seed_offset=7)
+    planner = turn_planner(desc, turns=5, actions=10, max_actions_per_turn=3)
+    assert lake["ceiling"] == pytest.approx(float(planner.value[5, 10, 0]))
+    again = reference_points(EnvSpec(name="frozen_lake", config={"desc": desc}), agent, seeds=3, seed_offset=7)
+    assert again == lake  # seeded: the same seeds give the same random play
+
+    bandit = reference_points(EnvSpec(name="bandit"), AgentConfig(max_turns=1), seeds=200, seed_offset=0)
+    assert bandit["ceiling"] == 1.0 and 0.35 < bandit["random"] < 0.65

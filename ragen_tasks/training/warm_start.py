@@ -38,6 +38,7 @@ from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
 from ragen_tasks.envs.base import TextGame
 from ragen_tasks.envs.frozen_lake import position_hint, turn_planner
+from ragen_tasks.envs.sokoban import Room
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, make_group_tasks, run_rollouts
@@ -76,7 +77,7 @@ def demo_reasoning(env: TextGame, style: str = "relative") -> str:
     return _REASON.get(env.name, "I act.")
 
 
-def _sokoban_relative(room: Any) -> str:
+def _sokoban_relative(room: Room) -> str:
     width = room.width
 
     def cell(i: int) -> tuple[int, int]:
