@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
@@ -483,16 +484,17 @@ def evaluate_checkpoint(
 
     by_name = {s.name: s for s in config.envs}
     specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
-    tasks = make_eval_tasks(
-        specs, seeds or config.eval.seeds, config.eval.seed_offset if seed_offset is None else seed_offset
-    )
+    offset = config.eval.seed_offset if seed_offset is None else seed_offset
+    tasks = make_eval_tasks(specs, seeds or config.eval.seeds, offset)
     verified = ckpt.verify_checkpoint(Path(path)) if (Path(path) / ckpt.MARKER).exists() else {}
+    # The sampling noise follows the seeds too: two blocks of held-out seeds get independent samples.
+    sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
     trajectories = play_checkpoint(
         config,
         Path(path),
         tasks,
         temperature=config.eval.temperature,
-        seed=config.seed,
+        seed=sampling_seed,
         policy_version=int(verified.get("policy_version", 0)),
         weights_fingerprint=str(verified.get("fingerprint", "")),
     )
