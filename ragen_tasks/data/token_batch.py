@@ -27,6 +27,7 @@ policy_versions     (B,)      int64   policy version that sampled each trajector
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
@@ -199,3 +200,27 @@ def _padded_batch(
         lengths=torch.tensor(lengths, dtype=torch.int64),
         policy_versions=torch.tensor(policy_versions, dtype=torch.int64),
     )
+
+
+def length_bucketed_batches(
+    lengths: torch.Tensor, batch_size: int, generator: torch.Generator, *, pool: int = 8
+) -> Iterator[torch.Tensor]:
+    """Endless minibatches of row indices, each row once per epoch, rows of similar length together.
+
+    lengths: (B,) tokens per row. Each epoch shuffles the rows, sorts each pool of ``pool x
+    batch_size`` shuffled rows by length, cuts it into minibatches and shuffles the minibatch
+    order: a minibatch pads to its own longest row, so grouping similar lengths cuts the padding
+    while the rows and the order of minibatches stay random.
+    """
+    n = int(lengths.numel())
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"length_bucketed_batches: need rows ({n}) and batch_size >= 1 ({batch_size})")
+    while True:
+        order = torch.randperm(n, generator=generator)  # (B,)
+        batches: list[torch.Tensor] = []
+        for start in range(0, n, pool * batch_size):
+            chunk = order[start : start + pool * batch_size]
+            chunk = chunk[torch.argsort(lengths[chunk], stable=True)]  # shortest first within the pool
+            batches.extend(chunk[i : i + batch_size] for i in range(0, chunk.numel(), batch_size))
+        for k in torch.randperm(len(batches), generator=generator).tolist():
+            yield batches[k]

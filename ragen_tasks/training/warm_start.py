@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ragen_tasks.config import AgentConfig, TrainConfig
-from ragen_tasks.data.token_batch import collate
+from ragen_tasks.data.token_batch import collate, length_bucketed_batches
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 #: Bump when what a warm start produces changes for the same config (demonstrators, reasoning, the
 #: supervised loop): cached warm starts (``pipeline.warm_start_key``) are keyed by it.
-WARM_START_VERSION = "2"
+WARM_START_VERSION = "3"
 
 _REASON = {
     "bandit": "I will try one of the arms.",
@@ -209,14 +209,18 @@ def supervised_steps(
     pad_id: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Cross-entropy on the response tokens (loss_mask = 1) of ``trajectories``; returns the losses."""
+    """Cross-entropy on the response tokens (loss_mask = 1) of ``trajectories``; returns the losses.
+
+    Minibatches take every demonstration once per epoch, rows of similar length together
+    (``length_bucketed_batches``), so little of a step's compute goes to padding."""
     batch = collate(list(trajectories), pad_id=pad_id)
     generator = torch.Generator().manual_seed(seed)
+    minibatches = length_bucketed_batches(batch.lengths, batch_size, generator)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     model.train()
     losses = []
     for step in range(steps):
-        rows = torch.randperm(batch.batch_size, generator=generator)[:batch_size]  # (b,)
+        rows = next(minibatches)  # (b,)
         mb = batch.select(rows)  # trimmed to the minibatch's longest row
         ids = mb.input_ids  # (b, T)
         attention = mb.attention_mask  # (b, T) 1 = real token
