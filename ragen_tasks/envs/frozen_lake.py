@@ -256,23 +256,24 @@ def _turn_planner(
     terminal = np.array([ch in "GH" for ch in flat])  # (cells,)
     sequences = tuple(q for n in range(1, per_turn + 1) for q in itertools.product(range(4), repeat=n))
     lengths = np.array([len(q) for q in sequences])  # (Q,)
-    reach = np.empty((len(sequences), cells, cells))  # (Q, from, to) where a whole turn's sequence ends
-    for i, q in enumerate(sequences):
-        m = step[q[0]]
-        for a in q[1:]:
-            m = m @ step[a]
-        reach[i] = m
+    # (Q, from, to): where a whole turn's sequence ends. itertools.product lists the sequences of
+    # length n as prefix-major, so they are every length-(n-1) prefix followed by each action.
+    by_length = [step]
+    for _ in range(per_turn - 1):
+        by_length.append((by_length[-1][:, None] @ step[None]).reshape(-1, cells, cells))
+    reach = np.concatenate(by_length)
     value = np.zeros((turns + 1, actions + 1, cells))
     choice = np.full((turns + 1, actions + 1, cells), -1, dtype=np.int64)
     value[0, :] = goal
     value[:, 0] = goal
+    rows = np.arange(len(sequences))
     for k in range(1, turns + 1):
+        after = np.where(terminal, goal, value[k - 1])  # (actions + 1, cells): value once the turn ends
+        # ends[q, s, r]: success if the turn plays q from cell s and r actions are left after it
+        ends = (reach.reshape(-1, cells) @ after.T).reshape(len(sequences), cells, actions + 1)
         for m in range(1, actions + 1):
-            scores = np.full((len(sequences), cells), -1.0)  # (Q, cells) success if this turn plays q
-            for n in range(1, min(per_turn, m) + 1):
-                rows = np.nonzero(lengths == n)[0]
-                after = np.where(terminal, goal, value[k - 1, m - n])  # (cells,) value once the turn ends
-                scores[rows] = reach[rows] @ after
+            left = m - lengths  # (Q,) actions left after each sequence; < 0: it does not fit
+            scores = np.where((left >= 0)[:, None], ends[rows, :, np.maximum(left, 0)], -1.0)  # (Q, cells)
             best = scores.max(axis=0)  # (cells,)
             # the shortest sequence within rounding of the best: fewer blind actions, same value
             choice[k, m] = np.argmax(scores >= best - 1e-12, axis=0)

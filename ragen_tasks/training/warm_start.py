@@ -37,7 +37,7 @@ from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.envs.frozen_lake import position_hint, turn_planner
+from ragen_tasks.envs.frozen_lake import TurnPlanner, position_hint, turn_planner
 from ragen_tasks.envs.sokoban import Room
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
@@ -98,30 +98,42 @@ def _sokoban_relative(room: Room) -> str:
 
 
 def demo_actions(
-    env: TextGame, rng: np.random.Generator, agent: AgentConfig, *, turns_left: int, noise: float
+    env: TextGame,
+    rng: np.random.Generator,
+    agent: AgentConfig,
+    *,
+    turns_left: int,
+    noise: float,
+    planner: TurnPlanner | None = None,
 ) -> list[str]:
-    """The demonstrator's actions for the env's current state and this turn of the episode."""
+    """The demonstrator's actions for the env's current state and this turn of the episode.
+
+    ``planner``: FrozenLake's ``lake_planner(env, agent)`` for this episode's map (made here if None)."""
     names = list(env.action_names)
     if env.name == "bandit":
         return [names[int(rng.integers(len(names)))]]  # arm-neutral by construction
-    max_actions = agent.max_actions_per_turn
     plan: Sequence[str] | None = None
     if env.name == "frozen_lake":
-        lake = env.config  # type: ignore[attr-defined]
-        planner = turn_planner(
-            env.desc,  # type: ignore[attr-defined]
-            turns=agent.max_turns,
-            actions=min(agent.max_actions_per_episode, lake.max_actions_per_episode),
-            max_actions_per_turn=min(max_actions, _PLANNED_ACTIONS_PER_TURN),
-            is_slippery=lake.is_slippery,
-            success_rate=lake.success_rate,
-        )
-        row, col = env.position  # type: ignore[attr-defined]
-        plan = planner.best(row * len(env.desc[0]) + col, turns_left, env.actions_left)  # type: ignore[attr-defined]
+        lake: Any = env
+        row, col = lake.position
+        planner = planner or lake_planner(lake, agent)
+        plan = planner.best(row * len(lake.desc[0]) + col, turns_left, lake.actions_left)
     elif hasattr(env, "solve"):
         plan = env.solve()
-    plan = list(plan or [])[:max_actions] or [names[int(rng.integers(len(names)))]]
+    plan = list(plan or [])[: agent.max_actions_per_turn] or [names[int(rng.integers(len(names)))]]
     return [names[int(rng.integers(len(names)))] if rng.random() < noise else a for a in plan]
+
+
+def lake_planner(lake: Any, agent: AgentConfig) -> TurnPlanner:
+    """The slip-aware planner of a FrozenLake env's current map under the agent's turn rules."""
+    return turn_planner(
+        lake.desc,
+        turns=agent.max_turns,
+        actions=min(agent.max_actions_per_episode, lake.config.max_actions_per_episode),
+        max_actions_per_turn=min(agent.max_actions_per_turn, _PLANNED_ACTIONS_PER_TURN),
+        is_slippery=lake.config.is_slippery,
+        success_rate=lake.config.success_rate,
+    )
 
 
 #: The FrozenLake planner searches 4^k sequences per turn: beyond 5 actions a turn the search is
@@ -154,6 +166,9 @@ class DemonstratorEngine:
         self._pending = [t.traj_id for t in tasks]
         self._envs: dict[str, TextGame] = {}
         self._turns: dict[str, int] = {}  # session -> turns already answered
+        # session -> its FrozenLake map's planner: made once per episode (a whole batch of maps at once
+        # would thrash any small shared cache)
+        self._planners: dict[str, TurnPlanner] = {}
 
     def env_factory(self, name: str, config: Mapping[str, Any]) -> TextGame:
         env = make(name, **dict(config))
@@ -166,7 +181,14 @@ class DemonstratorEngine:
             env = self._envs[request.session_id]
             turn = self._turns.get(request.session_id, 0)
             self._turns[request.session_id] = turn + 1
-            actions = demo_actions(env, self.rng, self.agent, turns_left=self.agent.max_turns - turn, noise=self.noise)
+            planner = None
+            if env.name == "frozen_lake":
+                if request.session_id not in self._planners:
+                    self._planners[request.session_id] = lake_planner(env, self.agent)
+                planner = self._planners[request.session_id]
+            actions = demo_actions(
+                env, self.rng, self.agent, turns_left=self.agent.max_turns - turn, noise=self.noise, planner=planner
+            )
             answer = f"<answer>{' || '.join(actions)}</answer>"
             text = f"<think>{demo_reasoning(env, self.reasoning)}</think>{answer}" if self.agent.think else answer
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))[: params.max_new_tokens]
@@ -177,6 +199,7 @@ class DemonstratorEngine:
         for sid in session_ids:
             self._envs.pop(sid, None)
             self._turns.pop(sid, None)
+            self._planners.pop(sid, None)
 
 
 def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Trajectory]:
