@@ -8,7 +8,7 @@
   trainer reads the committed manifest back (a stage run that "completed" without committing fails).
 - ``async``: rollout workers (``flows/rollout_worker.py``) commit batches continuously; the trainer's
   rollout step consumes the freshest batch that passes the freshness check
-  (:func:`ragen_tasks.async_rollout.consume_batch`).
+  (:func:`ragen_tasks.pipeline.async_rollout.consume_batch`).
 
 The stage flows are idempotent like the stages they wrap: a retried or duplicated run finds the
 committed manifest and returns at once.
@@ -24,7 +24,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
-from ragen_tasks import async_rollout, pipeline
+from ragen_tasks import pipeline
+from ragen_tasks.pipeline import async_rollout
 
 
 @flow(name="ragen-rollout-stage")

@@ -60,8 +60,8 @@ def filter_and_validate(run: pipeline.Run, iteration: int) -> dict[str, Any]:
 
 
 @task(name="update", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def update(run: pipeline.Run, iteration: int) -> dict[str, Any]:
-    return pipeline.update(run, iteration)
+def update(run: pipeline.Run, iteration: int, handoff: pipeline.TrainerHandoff | None = None) -> dict[str, Any]:
+    return pipeline.update(run, iteration, handoff)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -227,6 +227,7 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
         description=f"StarPO iterations of {base.run_id}",
     )
     bar = _Bar(show_progress, config.iterations, start)
+    handoff = pipeline.TrainerHandoff()  # in-process updates hand the saved trainer on to the next one
     publisher = _Publisher()
     # The run shows its own progress (the bar above, the Prefect artifacts); transformers would draw
     # two more bars every iteration (loading the rollout's policy, writing the checkpoint).
@@ -254,7 +255,11 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
                 it,
             )
             batch = clock("filter_and_validate", filter_and_validate, quoted, it)
-            updated = clock("update", stages.update_via_deployment if mode == "deployment" else update, quoted, it)
+            updated = (
+                clock("update", stages.update_via_deployment, quoted, it)
+                if mode == "deployment"
+                else clock("update", update, quoted, it, _quoted(handoff))
+            )
             next_step = int(updated["checkpoint/step"])  # the policy the next iteration samples with
             row: dict[str, Any] = {
                 "iteration": it,

@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragen_tasks.data.keys import (
+    MANIFEST_SUFFIX,
     UnsafeKeyError,
     check_data_file_name,
     check_index,
@@ -59,6 +60,7 @@ from ragen_tasks.data.keys import (
     check_stage,
     checkpoint_key,
     manifest_key,
+    parse_iteration_folder,
     quarantine_prefix,
     stage_prefix,
 )
@@ -270,6 +272,23 @@ class Store:
             )
         return manifest
 
+    def iterations(self, run_id: str) -> list[int]:
+        """Iterations that have a folder in the run, ascending (a listing: for discovery only; read
+        what it finds through manifests)."""
+        base = self._path(check_run_id(run_id))
+        if not self.fs.exists(base):
+            return []
+        found = (parse_iteration_folder(_base_name(p)) for p in self.fs.ls(base, detail=False))
+        return sorted(k for k in found if k is not None)
+
+    def committed_names(self, run_id: str, iteration: int, stage: str) -> list[str]:
+        """Names of the items with a manifest in a stage folder, sorted (a listing, as ``iterations``)."""
+        folder = self._path(stage_prefix(run_id, iteration, stage))
+        if not self.fs.exists(folder):
+            return []
+        names = (_base_name(p) for p in self.fs.ls(folder, detail=False))
+        return sorted(n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX))
+
     def last_committed_iteration(self, run_id: str, stage: str, name: str = "trajectories") -> int | None:
         """Highest k such that iterations 0..k all have a committed ``stage/name`` (probes manifests)."""
         check_stage(stage)
@@ -373,7 +392,7 @@ class Store:
             return []
         steps = []
         for p in self.fs.ls(prefix, detail=False):
-            base = str(p).rstrip("/").rsplit("/", 1)[-1]
+            base = _base_name(p)
             if (
                 base.startswith("step_")
                 and base[5:].isdigit()
@@ -534,6 +553,11 @@ def _split_root(root: str) -> tuple[str, str]:
     if protocol == "s3" and not parts:
         raise ValueError(f"store root={root!r} must name a bucket: s3://bucket[/prefix]")
     return protocol, path
+
+
+def _base_name(path: object) -> str:
+    """Last part of a listed path (fsspec lists folders with or without a trailing slash)."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _file_sha256(path: Path) -> str:

@@ -313,3 +313,27 @@ def test_own_write_remembers_only_the_newest_batches(tmp_path: Path) -> None:
         store.write_trajectories("run1", k, "rollouts", factory.make_batch(2), **W)
     held = [store.own_write("run1", k, "rollouts") is not None for k in range(4)]
     assert held == [False, False, True, True]
+
+
+def test_listings_name_iterations_and_committed_items_only(store_root: str) -> None:
+    store = Store(store_root)
+    assert store.iterations("run1") == [] and store.committed_names("run1", 0, "rollouts") == []
+    batch = factory.make_batch(4)
+    store.write_trajectories("run1", 0, "rollouts", batch, **W, name="w-a-000000")
+    store.write_trajectories("run1", 2, "rollouts", batch, **W)
+    store.write_json("run1", 2, "summary", "summary", {"x": 1}, producer="test")
+    store.upload_dir(_checkpoint_folder(store_root), "run1/checkpoints/step_000001", marker=None)
+    store._put_bytes("run1/iter_000002/rollouts/w-b-000000-0123456789abcdef.parquet", b"orphan")  # no manifest
+    assert store.iterations("run1") == [0, 2]  # not checkpoints/ or anything else in the run folder
+    assert store.committed_names("run1", 0, "rollouts") == ["w-a-000000"]
+    assert store.committed_names("run1", 2, "rollouts") == ["trajectories"]
+    assert store.committed_names("run1", 1, "rollouts") == []
+
+
+def _checkpoint_folder(store_root: str) -> Path:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp()) / "step"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
