@@ -235,13 +235,11 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped in transformers
     try:
         rows = pipeline.history(base)  # committed rows (a resumed run continues the guard's state from them)
-        rollbacks = int(rows[-1].get("guard/rollbacks", 0)) if rows else 0
         stopped: dict[str, Any] | None = None
         for it in range(start, config.iterations):
             clock = _Clock()  # wall time of each task call, Prefect's own overhead included
             run = pipeline.run_in_force(base, it, rows)  # the guard's mitigations in force, its rollback targets kept
             quoted = _quoted(run)
-            overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
             mode = run.config.rollout.mode  # inprocess (default) | deployment | async: see flows/stages.py
             generated = clock("generate_tasks", generate_tasks, quoted, it) if mode != "async" else {}
             rolled = clock(
@@ -271,22 +269,11 @@ def run_training(config: TrainConfig, *, run_id: str | None = None, show_progres
             }
             # The Echo-Trap guard: a pure function of the metric rows, called in the flow itself (a task
             # call would cost Prefect state tracking every iteration for well under a millisecond of work).
-            decision: GuardDecision = guard.decide(
-                run.config, [*guard.since_last_rollback(rows), row], rollbacks_done=rollbacks, overrides=overrides
-            )
+            decision: GuardDecision = guard.judge(base.config, rows, row)
             if decision.action == "rollback" and decision.rollback_to is not None:
                 rolled_back = rollback(quoted, it, decision.rollback_to, next_step + 1)
                 row["policy/next_step"] = next_step = int(rolled_back["new_step"])
-                rollbacks += 1
-                overrides = decision.overrides
-            row.update(
-                {
-                    "guard/action": decision.action,
-                    "guard/signals": decision.signals,
-                    "guard/overrides": overrides,
-                    "guard/rollbacks": rollbacks,
-                }
-            )
+            row.update(decision.record())
             if pipeline.should_evaluate(config, it) and decision.action != "stop":  # a stop evaluates the healthy one
                 row.update(pipeline.flatten_eval(evaluate(quoted, it, next_step)))
             row.update(clock.metrics())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ragen_tasks import guard
@@ -66,13 +67,12 @@ def trusted_fingerprints(run: Run, iteration: int, max_staleness: int) -> dict[i
 
 
 def run_in_force(base: Run, iteration: int, rows: Sequence[Mapping[str, Any]] | None = None) -> Run:
-    """``base`` as iteration ``iteration`` must see it: the guard's mitigation overrides recorded by
-    the previous iteration, and protection from pruning for the guard's last healthy checkpoint and
+    """``base`` as iteration ``iteration`` must see it: the guard's mitigations recorded by the
+    previous iteration in force, and protection from pruning for the guard's last healthy checkpoint and
     the step this iteration samples with. ``rows``: the committed rows before ``iteration`` if the
     caller holds them; else the recent ones are read from the store."""
     rules = guard.rules(base.config.guard)
     if rows is None:  # the guard looks back at most max_patience + 1 signal-free rows since a rollback
         rows = history(base, before=iteration, last=4 * (guard.max_patience(rules) + 1))
-    overrides = dict(rows[-1].get("guard/overrides", {})) if rows else {}
     protect = {policy_step(base, iteration)} | guard.rollback_candidates(guard.since_last_rollback(rows), rules)
-    return base.with_overrides(overrides, protect=protect)
+    return replace(base, config=guard.in_force(rows).apply(base.config), protect_steps=frozenset(protect))

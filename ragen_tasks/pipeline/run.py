@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from ragen_tasks.config import TrainConfig
 from ragen_tasks.data.keys import check_run_id
@@ -27,13 +25,6 @@ class Run:
     run_id: str
     store: Store
     protect_steps: frozenset[int] = frozenset()  # checkpoints never pruned (the guard's last healthy one)
-
-    def with_overrides(self, overrides: Mapping[str, Any], *, protect: Iterable[int] = ()) -> Run:
-        """This run with config ``overrides`` (dotted keys, as ``--set``) in force and ``protect`` kept."""
-        from ragen_tasks.presets import apply_overrides
-
-        data = apply_overrides(self.config.model_dump(mode="json"), overrides)
-        return replace(self, config=TrainConfig.model_validate(data), protect_steps=frozenset(protect))
 
     @property
     def uri(self) -> str:
