@@ -12,7 +12,14 @@
 The public names of the first five are importable from here (``pipeline.update(run, k)``).
 """
 
-from ragen_tasks.pipeline.lineage import fingerprint, history, policy_step, run_in_force, trusted_fingerprints
+from ragen_tasks.pipeline.lineage import (
+    fingerprint,
+    history,
+    policy_step,
+    run_for_iteration,
+    run_in_force,
+    trusted_fingerprints,
+)
 from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
 from ragen_tasks.pipeline.run import PRODUCER, Run, open_existing_run, open_run, run_of_checkpoint
 from ragen_tasks.pipeline.stages import (
@@ -24,10 +31,12 @@ from ragen_tasks.pipeline.stages import (
     generate_tasks,
     init_run,
     initial_eval,
+    iteration_row,
     record_iteration,
     rollback,
     rollout,
     should_evaluate,
+    stop_record,
     update,
 )
 from ragen_tasks.pipeline.trainer import (
@@ -57,6 +66,7 @@ __all__ = [
     "history",
     "init_run",
     "initial_eval",
+    "iteration_row",
     "load_trainer",
     "open_existing_run",
     "open_run",
@@ -65,10 +75,12 @@ __all__ = [
     "record_iteration",
     "rollback",
     "rollout",
+    "run_for_iteration",
     "run_in_force",
     "run_of_checkpoint",
     "save_trainer",
     "should_evaluate",
+    "stop_record",
     "trusted_fingerprints",
     "update",
     "warm_start_key",

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from ragen_tasks import guard
-from ragen_tasks.pipeline.run import Run
+from ragen_tasks.pipeline.run import Run, open_existing_run
 from ragen_tasks.training import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
@@ -76,3 +76,9 @@ def run_in_force(base: Run, iteration: int, rows: Sequence[Mapping[str, Any]] | 
         rows = history(base, before=iteration, last=4 * (guard.max_patience(rules) + 1))
     protect = {policy_step(base, iteration)} | guard.rollback_candidates(guard.since_last_rollback(rows), rules)
     return replace(base, config=guard.in_force(rows).apply(base.config), protect_steps=frozenset(protect))
+
+
+def run_for_iteration(run_uri: str, iteration: int) -> Run:
+    """The run at ``run_uri`` as iteration ``iteration`` must see it: what a stage task or a stage
+    deployment opens from the URI it is given."""
+    return run_in_force(open_existing_run(run_uri), iteration)

@@ -14,6 +14,9 @@ Per iteration ``k`` (``s = policy_step(k)``, see ``lineage``)::
     rollback(k)            -> checkpoints/step_{s+2}, a healthy step's exact state (guard rollback only)
     evaluate(k)            -> iter_k/eval/eval.json       (every eval.every iterations and the last)
     record_iteration(k)    -> iter_k/summary/summary.json (the iteration's commit: resume starts after it)
+
+``iteration_row`` assembles what ``record_iteration`` commits; ``stop_record`` is what a run the
+Echo-Trap guard stopped hands on.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ragen_tasks.config import TrainConfig
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.token_batch import collate_table
 from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.guard import GuardDecision
 from ragen_tasks.models.presets import PRESETS
 from ragen_tasks.pipeline.lineage import fingerprint, policy_step, trusted_fingerprints
 from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
@@ -325,6 +329,39 @@ def evaluate(run: Run, iteration: int, step: int, *, name: str = "eval") -> dict
 def flatten_eval(result: Mapping[str, Any]) -> dict[str, float]:
     """An evaluation result as metric-row keys: ``eval/<env>/<metric>``."""
     return {f"eval/{env}/{k}": float(v) for env, metrics in result.get("envs", {}).items() for k, v in metrics.items()}
+
+
+def iteration_row(
+    run: Run,
+    iteration: int,
+    *,
+    generated: Mapping[str, Any],
+    rolled: Mapping[str, Any],
+    batch: Mapping[str, Any],
+    updated: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The iteration's metric row from its stage summaries: the batch's health and the filter's
+    metrics, the update's metrics, the timings (and async ledger metrics) of task generation and
+    rollout, and the policy steps it sampled with (``policy/step``) and hands on (``policy/next_step``)."""
+    return {
+        "iteration": iteration,
+        **batch,
+        **updated,
+        **{k: v for k, v in {**generated, **rolled}.items() if k.startswith(("timing/", "async/"))},
+        "policy/step": policy_step(run, iteration),
+        "policy/next_step": int(updated["checkpoint/step"]),
+    }
+
+
+def stop_record(run: Run, iteration: int, decision: GuardDecision) -> dict[str, Any]:
+    """What a run the guard stopped hands on: where and why, and its last healthy checkpoint."""
+    healthy = decision.rollback_to
+    return {
+        "iteration": iteration,
+        "reason": decision.message,
+        "last_healthy_step": healthy,
+        "last_healthy_checkpoint": None if healthy is None else str(run.checkpoint_path(healthy)),
+    }
 
 
 def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def test_rollout_stage_runs_as_a_deployment_on_a_process_worker(tmp_path: Path) 
 
         @flow(name="stage-deployment-test")
         def trainer_side() -> dict[str, object]:
-            return stages.rollout_via_deployment(run, 0)  # only the run URI + iteration cross over
+            return stages.rollout_via_deployment(run.uri, 0)  # only the run URI + iteration cross over
 
         rolled = trainer_side()
     except Exception:
