@@ -227,3 +227,12 @@ def test_token_logprobs_at_wanted_positions_equal_the_full_pass_with_the_same_gr
         torch.testing.assert_close(g_part, g_full, rtol=1e-5, atol=1e-6)
     nothing = token_logprobs(actor, ids, attention, positions=torch.zeros_like(wanted))[0]
     assert (nothing == 0).all()
+
+
+def test_every_configured_advantage_estimator_is_registered() -> None:
+    from typing import get_args
+
+    from ragen_tasks.training.update import ADVANTAGES
+
+    assert set(ADVANTAGES) == set(get_args(AlgoConfig.model_fields["advantage"].annotation))
+    assert [name for name, e in ADVANTAGES.items() if not e.model_free] == ["gae"]  # the one that needs a critic
