@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ragen_tasks import pipeline
-from tests.flows.conftest import TINY_RUN, prefect_api  # noqa: F401  (the fixture)
+from tests.conftest import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "stage-test-process"

@@ -16,7 +16,7 @@ import torch
 
 from ragen_tasks import pipeline
 from ragen_tasks.training import checkpoint as ckpt
-from tests.flows.conftest import TINY_RUN
+from tests.conftest import TINY_RUN
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
 

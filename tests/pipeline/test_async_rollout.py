@@ -25,7 +25,7 @@ import pytest
 from ragen_tasks import pipeline
 from ragen_tasks.pipeline import async_rollout
 from ragen_tasks.presets import load_config
-from tests.flows.conftest import TINY_RUN, prefect_api  # noqa: F401  (the fixture, for the process tests)
+from tests.conftest import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 ASYNC_RUN = {

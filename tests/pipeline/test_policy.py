@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ragen_tasks import pipeline
 from ragen_tasks.presets import load_config
-from tests.flows.conftest import TINY_RUN
+from tests.conftest import TINY_RUN
 
 
 def _run(tmp_path: Path, run_id: str, **extra: object) -> pipeline.Run:

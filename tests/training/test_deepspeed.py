@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.data.token_batch import TokenBatch, collate
 from ragen_tasks.training.backend import TrainModel, make_optimizer, make_train_model
-from ragen_tasks.training.resume_harness import synthetic_trajectories, tiny_actor
 from ragen_tasks.training.update import ppo_update
+from tests.training._models import tiny_actor
 
 ALGO = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0)
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.data.token_batch import collate
 from ragen_tasks.training.backend import make_optimizer, make_train_model
 from ragen_tasks.training.critic import make_critic, make_reference
-from ragen_tasks.training.resume_harness import synthetic_trajectories, tiny_actor
 from ragen_tasks.training.update import NonFiniteUpdateError, ppo_update
+from tests.training._models import tiny_actor
 
 
 def _setup(algo: AlgoConfig, optim: OptimConfig, *, critic: bool):
