@@ -20,13 +20,6 @@ Commit protocol (design section 6):
 
 A writer that finds its manifest already there returns it at once without rewriting anything
 (idempotent retries). Nothing is ever unpickled: data is Parquet or JSON.
-
-In-process hand-off: a ``Store`` object remembers the last few trajectory batches it committed
-itself (:meth:`Store.own_write`), so a stage running in the same process as the stage that wrote
-its input (the filter after the rollout, the update after the filter) takes the table and the
-trajectories from memory instead of reading, checking and decoding bytes it has just written
-(~10 ms a batch on the default preset). Only when the key's committed manifest still names exactly
-the objects this object wrote; the plain readers always go to storage and check every checksum.
 """
 
 from __future__ import annotations
@@ -39,9 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +62,6 @@ log = logging.getLogger(__name__)
 
 DIR_MANIFEST = "_STORE_MANIFEST.json"  # commit marker of an uploaded folder, written LAST
 _CHUNK = 8 * 2**20
-_OWN_WRITES_KEPT = 2  # batches a Store object remembers (the rollouts and the batch of one iteration)
-
-
-@dataclass(frozen=True)
-class OwnWrite:
-    """A trajectory batch this Store object committed: its manifest, table and trajectories."""
-
-    manifest: Manifest
-    table: pa.Table
-    trajectories: tuple[Trajectory, ...]
 
 
 class Store:
@@ -109,7 +90,6 @@ class Store:
                 log.info("store on s3://%s (endpoint %s)", self._root, endpoint or "AWS default")
             self.fs = fsspec.filesystem(protocol, **options)
         self.root_uri = f"{protocol}://{self._root}"
-        self._own_writes: OrderedDict[str, OwnWrite] = OrderedDict()  # manifest key -> batch (own_write)
 
     # ------------------------------------------------------------------ display
     def uri(self, run_id: str, iteration: int | None = None, stage: str | None = None, name: str | None = None) -> str:
@@ -142,8 +122,7 @@ class Store:
         if existing is not None:
             log.info("%s already committed: returning its manifest", self._path(mkey))
             return existing
-        kept = tuple(trajectories)
-        table = to_table(list(kept))
+        table = to_table(list(trajectories))
         buf = io.BytesIO()
         pq.write_table(table, buf)
         data = buf.getvalue()
@@ -160,26 +139,7 @@ class Store:
             weights_fingerprint=weights_fingerprint,
             extra=extra,
         )
-        committed = self._commit(mkey, manifest)
-        if committed is manifest:  # this call's bytes are the committed ones (not a racing writer's)
-            self._own_writes[mkey] = OwnWrite(committed, table, kept)
-            while len(self._own_writes) > _OWN_WRITES_KEPT:
-                self._own_writes.popitem(last=False)
-        return committed
-
-    def own_write(self, run_id: str, iteration: int, stage: str, name: str = "trajectories") -> OwnWrite | None:
-        """The batch this Store object committed at that key, if it still remembers it and the
-        committed manifest there still names exactly the objects it wrote (not quarantined, not
-        replaced); else None, and the caller reads from storage (``read_table`` / ``read_trajectories``)."""
-        mkey = manifest_key(run_id, iteration, stage, name)
-        held = self._own_writes.get(mkey)
-        if held is None:
-            return None
-        stored = self._read_manifest_if_any(mkey)
-        if stored is None or stored.objects != held.manifest.objects:
-            del self._own_writes[mkey]
-            return None
-        return held
+        return self._commit(mkey, manifest)
 
     def read_table(
         self, run_id: str, iteration: int, stage: str, name: str = "trajectories"
@@ -316,7 +276,6 @@ class Store:
         )
         self._put_bytes(f"{dst}/{name}.manifest.json", manifest.to_json_bytes())
         self.fs.rm(self._path(mkey))
-        self._own_writes.pop(mkey, None)
         for entry in manifest.objects:
             if self.fs.exists(self._path(f"{src}/{entry.name}")):
                 self.fs.rm(self._path(f"{src}/{entry.name}"))

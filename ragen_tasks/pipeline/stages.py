@@ -229,8 +229,7 @@ def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> d
         republish(run, new_step)
     else:
         trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
-        held = run.store.own_write(run.run_id, iteration, "batch")  # the filter's batch, if written in this process
-        batch = held.table if held else run.store.read_table(run.run_id, iteration, "batch")[0]
+        batch, _ = run.store.read_table(run.run_id, iteration, "batch")
         if batch.num_rows:
             pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
             ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None

@@ -300,10 +300,8 @@ def validate_table(
 def validate_stored_batch(
     store: Store, run_id: str, iteration: int, stage: str, *, limits: BatchLimits, name: str = "trajectories"
 ) -> tuple[list[Trajectory], Manifest]:
-    """Validate a committed batch; on failure quarantine it and raise BatchValidationError. The batch
-    comes from memory if ``store`` committed it itself (``Store.own_write``), else from storage."""
-    held = store.own_write(run_id, iteration, stage, name)
-    table, manifest = (held.table, held.manifest) if held else store.read_table(run_id, iteration, stage, name)
+    """Validate a committed batch; on failure quarantine it and raise BatchValidationError."""
+    table, manifest = store.read_table(run_id, iteration, stage, name)
     outcome = validate_table(
         table, limits=limits, policy_version=manifest.policy_version, weights_fingerprint=manifest.weights_fingerprint
     )
@@ -318,4 +316,4 @@ def validate_stored_batch(
             failed=outcome.failed,
             quarantine_uri=where,
         )
-    return (list(held.trajectories) if held else from_table(table)), manifest
+    return from_table(table), manifest
