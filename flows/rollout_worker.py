@@ -1,4 +1,4 @@
-"""The rollout-worker flow (async mode): a thin wrapper over :func:`ragen_tasks.pipeline.async_rollout.run_worker`.
+"""The rollout-worker flow (async mode): a thin wrapper over ``pipeline.async_rollout.run_worker``.
 
 Start one per rollout pod (``prefect.yaml``: deployment ``rollout-worker``) or per process. Each
 worker loads the newest committed checkpoint of the run, rolls out a batch, commits it under its own
