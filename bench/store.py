@@ -22,7 +22,7 @@ import uuid
 
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.store import Store
-from ragen_tasks.data.synthetic import trajectory
+from ragen_tasks.data.synthetic import trajectory, turn_layout
 from ragen_tasks.data.trajectory import Trajectory, to_table
 from ragen_tasks.validation.batch import BatchLimits, build_suite, validate_table
 
@@ -32,15 +32,8 @@ FP = "f" * 64
 def make_batch(n: int, tokens: int, turns: int = 5, prompt: int = 200) -> list[Trajectory]:
     rng = random.Random(0)
     out = []
-    span = (tokens - prompt) // turns
+    mask, starts, ends = turn_layout(tokens, prompt, turns)
     for i in range(n):
-        mask = [0] * prompt
-        starts, ends = [], []
-        for k in range(turns):
-            starts.append(prompt + k * span)
-            ends.append(prompt + k * span + span // 2)
-            mask += [1] * (span // 2) + [0] * (span - span // 2)
-        mask += [0] * (tokens - len(mask))
         rewards = [-0.1] * (turns - 1) + [1.0]
         out.append(
             trajectory(

@@ -64,6 +64,21 @@ def trajectory(
     )
 
 
+def turn_layout(tokens: int, prompt: int, turns: int) -> tuple[list[int], list[int], list[int]]:
+    """``(response_mask, turn_starts, turn_ends)`` of a ``tokens``-long episode: ``prompt`` prompt
+    tokens, then per turn an equal share split into a response span (half of it, at least one
+    token) and an observation span; tokens left over at the end are observation."""
+    span = (tokens - prompt) // turns
+    resp = max(1, span // 2)
+    mask = [0] * prompt
+    starts, ends = [], []
+    for k in range(turns):
+        starts.append(prompt + k * span)
+        ends.append(prompt + k * span + resp)
+        mask += [1] * resp + [0] * (span - resp)
+    return mask + [0] * (tokens - len(mask)), starts, ends
+
+
 def synthetic_trajectories(
     n_groups: int = 4,
     group_size: int = 4,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ragen_tasks.data.synthetic import trajectory
+from ragen_tasks.data.synthetic import trajectory, turn_layout
 from ragen_tasks.data.trajectory import Trajectory
 
 
@@ -20,16 +20,7 @@ def make_trajectory(
 ) -> Trajectory:
     """A consistent episode: prompt, then per turn a response span followed by an observation span."""
     rng = random.Random(seed * 1_000_003 + i)
-    span = (tokens - prompt) // turns
-    resp = max(1, span // 2)
-    mask = [0] * prompt
-    starts, ends = [], []
-    for k in range(turns):
-        s = prompt + k * span
-        starts.append(s)
-        ends.append(s + resp)
-        mask += [1] * resp + [0] * (span - resp)
-    mask += [0] * (tokens - len(mask))
+    mask, starts, ends = turn_layout(tokens, prompt, turns)
     rewards = [round(rng.uniform(-1, 1), 3) for _ in range(turns)]
     return trajectory(
         [rng.randrange(50_000) for _ in range(tokens)],
