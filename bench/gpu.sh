@@ -17,7 +17,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.token_batch import collate
 from ragen_tasks.training.backend import make_optimizer, make_train_model
-from ragen_tasks.training.resume_harness import synthetic_trajectories
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.training.update import ppo_update
 
 assert torch.cuda.is_available(), "no CUDA device"

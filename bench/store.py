@@ -22,6 +22,7 @@ import uuid
 
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.store import Store
+from ragen_tasks.data.synthetic import trajectory, turn_layout
 from ragen_tasks.data.trajectory import Trajectory, to_table
 from ragen_tasks.validation.batch import BatchLimits, build_suite, validate_table
 
@@ -31,40 +32,29 @@ FP = "f" * 64
 def make_batch(n: int, tokens: int, turns: int = 5, prompt: int = 200) -> list[Trajectory]:
     rng = random.Random(0)
     out = []
-    span = (tokens - prompt) // turns
+    mask, starts, ends = turn_layout(tokens, prompt, turns)
     for i in range(n):
-        mask = [0] * prompt
-        starts, ends = [], []
-        for k in range(turns):
-            starts.append(prompt + k * span)
-            ends.append(prompt + k * span + span // 2)
-            mask += [1] * (span // 2) + [0] * (span - span // 2)
-        mask += [0] * (tokens - len(mask))
         rewards = [-0.1] * (turns - 1) + [1.0]
         out.append(
-            Trajectory(
+            trajectory(
+                [rng.randrange(150_000) for _ in range(tokens)],
+                mask,
+                starts,
+                ends,
+                rewards,
+                prompt_length=prompt,
                 traj_id=f"t{i:05d}",
                 env_name="sokoban",
                 seed=i,
                 group_id=i // 8,
                 policy_version=3,
                 weights_fingerprint=FP,
-                input_ids=[rng.randrange(150_000) for _ in range(tokens)],
-                response_mask=mask,
-                loss_mask=list(mask),
                 rollout_logprobs=[-rng.random() * m for m in mask],
-                turn_starts=starts,
-                turn_ends=ends,
-                turn_rewards=rewards,
                 turn_actions=[["Up", "Left"]] * turns,
-                turn_format_ok=[True] * turns,
                 turn_think=["push the box left"] * turns,
                 turn_responses=["<think>push the box left</think><answer>Up || Left</answer>"] * turns,
                 turn_observations=["######\n#_P__#\n#_X__#\n#__O_#\n######"] * turns,
-                reward=sum(rewards),
                 success=True,
-                status="terminated",
-                prompt_length=prompt,
             )
         )
     return out

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.data.token_batch import collate
-from ragen_tasks.models.presets import PRESETS
+from ragen_tasks.models.presets import PRESETS, qwen2_model
 from ragen_tasks.training.backend import make_optimizer, make_train_model
-from ragen_tasks.training.resume_harness import synthetic_trajectories
 from ragen_tasks.training.update import ppo_update
 
 
@@ -37,19 +38,7 @@ def mm_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) -> float:
 
 def preset_model(name: str) -> Qwen2ForCausalLM:
     """The preset's architecture (vocab 1024) with a seeded random init; no tokenizer needed."""
-    s = PRESETS[name]
-    cfg = Qwen2Config(
-        vocab_size=s.vocab_size,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_layers,
-        num_attention_heads=s.num_heads,
-        num_key_value_heads=s.num_kv_heads,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg)
+    return qwen2_model(replace(PRESETS[name], max_position_embeddings=1024), vocab_size=PRESETS[name].vocab_size)
 
 
 def setup(name: str, amp: str, micro: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The rollout-worker flow (async mode): a thin wrapper over :func:`ragen_tasks.async_rollout.run_worker`.
+"""The rollout-worker flow (async mode): a thin wrapper over ``pipeline.async_rollout.run_worker``.
 
 Start one per rollout pod (``prefect.yaml``: deployment ``rollout-worker``) or per process. Each
 worker loads the newest committed checkpoint of the run, rolls out a batch, commits it under its own
@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ragen_tasks import async_rollout
+from ragen_tasks.pipeline import async_rollout
 
 
 def default_worker_name() -> str:

@@ -50,7 +50,8 @@ def train(
     Prints the run folder and the report path at the end; the run folder holds summary.json
     (eval before and after RL per env), report.html and the checkpoints.
     """
-    from ragen_tasks.presets import ConfigError, available_presets, load_config, parse_override
+    from ragen_tasks.config import ConfigError
+    from ragen_tasks.presets import available_presets, load_config, parse_override
 
     if list_presets:
         typer.echo("\n".join(available_presets()))
@@ -115,9 +116,9 @@ def evaluate(
     """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
     sampling, per the config's eval.temperature)."""
     from ragen_tasks import pipeline
+    from ragen_tasks.config import ConfigError
     from ragen_tasks.envs import ENV_NAMES
     from ragen_tasks.evaluation import eval_record
-    from ragen_tasks.presets import ConfigError
 
     if not checkpoint.is_dir():
         raise _fail(f"checkpoint {str(checkpoint)!r} is not a folder")

@@ -7,9 +7,17 @@ unpacks the fields it needs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+KlMode = Literal["none", "in_reward", "in_loss"]
+FilterMode = Literal["highest_std", "lowest_std", "nonzero_std"]
+
+
+class ConfigError(ValueError):
+    """A preset, file or override that cannot become a valid TrainConfig. The message is one line."""
 
 
 class _Frozen(BaseModel):
@@ -111,16 +119,14 @@ class AlgoConfig(_Frozen):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "token-mean", description="how token losses are aggregated"
     )
-    kl_mode: Literal["none", "in_reward", "in_loss"] = Field("none", description="KL to the reference policy")
+    kl_mode: KlMode = Field("none", description="KL to the reference policy")
     kl_coef: float = Field(0.001, ge=0, description="KL coefficient")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator")
     value_clip: float = Field(0.5, gt=0, description="critic value clipping range")
     filter_keep_ratio: float = Field(
         0.25, gt=0, le=1, description="fraction of groups kept by in-group reward std; 1 = off"
     )
-    filter_mode: Literal["highest_std", "lowest_std", "nonzero_std"] = Field(
-        "highest_std", description="which groups the uncertainty filter keeps"
-    )
+    filter_mode: FilterMode = Field("highest_std", description="which groups the uncertainty filter keeps")
     drop_zero_advantage: bool = Field(
         False,
         description="StarPO-S speed-up (grpo / batch_norm only): drop trajectories whose advantage is 0 on every "
@@ -250,3 +256,42 @@ class TrainConfig(_Frozen):
                 f"checkpoint must survive pruning); got {self.checkpoint.keep_last}"
             )
         return self
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``top`` wins. Lists and scalars are replaced, not merged."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def set_dotted(data: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """``data`` (a TrainConfig as a dict) with the field at dotted ``key`` (``"optim.lr"``) set to
+    ``value`` (merged into a dict-valued field). A key that names no field raises ConfigError listing
+    the valid keys at its level; values are checked when the result is validated."""
+    path = key.split(".")
+    model: type[BaseModel] | None = TrainConfig
+    for depth, part in enumerate(path):
+        if model is None:
+            break  # inside a free-form dict (e.g. an env's config): its consumer validates it
+        if part not in model.model_fields:
+            where = ".".join(path[:depth]) or "top level"
+            raise ConfigError(f"unknown key {part!r} at {where}; valid keys: {', '.join(sorted(model.model_fields))}")
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    patch: Any = value
+    for part in reversed(path):
+        patch = {part: patch}
+    return deep_merge(data, patch)
+
+
+def with_overrides(config: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
+    """``config`` with dotted-key ``overrides`` (``{"optim.lr": 1e-4}``) applied, validated again."""
+    data = config.model_dump(mode="json")
+    for key, value in overrides.items():
+        data = set_dotted(data, key, value)
+    return TrainConfig.model_validate(data)

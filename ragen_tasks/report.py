@@ -3,14 +3,14 @@ trajectories (rendered boards and the agent's reasoning, turn by turn).
 
 Inputs are plain data: the per-iteration metric history (list of flat dicts with namespaced keys,
 as the training flow records them), the guard's fired signals, and a few trajectories. Plots are
-PNG images embedded as base64, so the file can be copied or attached anywhere.
+PNG images embedded as base64, so the file can be copied or attached anywhere. The page is the
+Jinja template ``templates/report.html.j2`` (autoescaped).
 """
 
 from __future__ import annotations
 
 import base64
 import fnmatch
-import html
 import io
 import json
 import math
@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from ragen_tasks.data.trajectory import Trajectory
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("ragen_tasks", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+)
 
 # (title, metric keys plotted together). Keys missing from the history are skipped; a ``*`` stands
 # for one path segment (an env name) and expands to every matching key present.
@@ -86,47 +92,27 @@ def _plot_png(
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _trajectory_html(traj: Trajectory) -> str:
-    head = (
-        f"<h3>{html.escape(traj.env_name)} seed {traj.seed} (group {traj.group_id}): reward {traj.reward:.2f}, "
-        f"{'success' if traj.success else 'no success'}, {traj.num_turns} turns, status {html.escape(traj.status)}</h3>"
-    )
-    rows = []
-    for k in range(traj.num_turns):
-        rows.append(
-            "<tr>"
-            f"<td><pre>{html.escape(traj.turn_observations[k])}</pre></td>"
-            f"<td><pre class='resp'>{html.escape(traj.turn_responses[k])}</pre></td>"
-            f"<td>{html.escape(' | '.join(traj.turn_actions[k]) or '-')}</td>"
-            f"<td>{traj.turn_rewards[k]:+.2f}{'' if traj.turn_format_ok[k] else ' (format penalty)'}</td>"
-            "</tr>"
-        )
-    table = "<table><tr><th>board shown</th><th>agent response</th><th>actions run</th><th>reward</th></tr>"
-    return head + table + "".join(rows) + "</table>"
-
-
-def _results_html(summary: Mapping[str, Any]) -> str:
+def _results_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     """Per game: held-out success before RL (the warm start) and after, RL's z, random play and the
-    ceiling at the agent's budget on the same seeds."""
+    ceiling at the agent's budget on the same seeds, formatted for the results table."""
     before, after = summary.get("eval_before_rl", {}), summary.get("eval_after_rl", {})
     reference, gain = summary.get("reference", {}), summary.get("rl_gain_z", {})
 
     def rate(value: Any) -> str:
         return "-" if value is None else f"{float(value):.3f}"
 
-    rows = [
-        f"<tr><td>{html.escape(env)}</td><td>{rate(before[env].get('success'))}</td>"
-        f"<td>{rate(after.get(env, {}).get('success'))}</td>"
-        f"<td>{'-' if env not in gain else f'{float(gain[env]):+.2f}'}</td>"
-        f"<td>{rate(reference.get(env, {}).get('random'))}</td><td>{rate(reference.get(env, {}).get('ceiling'))}</td>"
-        f"<td>{int(before[env].get('episodes', 0))}</td></tr>"
+    return [
+        {
+            "game": env,
+            "before": rate(before[env].get("success")),
+            "after": rate(after.get(env, {}).get("success")),
+            "z": "-" if env not in gain else f"{float(gain[env]):+.2f}",
+            "random": rate(reference.get(env, {}).get("random")),
+            "ceiling": rate(reference.get(env, {}).get("ceiling")),
+            "seeds": str(int(before[env].get("episodes", 0))),
+        }
         for env in sorted(before)
     ]
-    head = (
-        "<h2>Held-out success per game</h2><table><tr><th>game</th><th>before RL (warm start)</th>"
-        "<th>after RL</th><th>z (RL gain)</th><th>random play</th><th>ceiling at this budget</th><th>seeds</th></tr>"
-    )
-    return head + "".join(rows) + "</table>"
 
 
 def write_report(
@@ -140,38 +126,21 @@ def write_report(
 ) -> Path:
     """Write the HTML report to ``path`` (atomically: temp file, then rename) and return it."""
     present = {k for row in history for k in row}
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1200px} img{margin:4px;border:1px solid #ddd}"
-        " table{border-collapse:collapse;margin-bottom:1.5em} td,th{border:1px solid #ccc;padding:4px;vertical-align:top;"
-        "font-size:12px} pre{margin:0;font-family:monospace} pre.resp{white-space:pre-wrap;max-width:420px}"
-        " .sig{color:crimson}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-    ]
-    if summary:
-        parts.append(_results_html(summary))
-        parts.append(f"<h2>Summary</h2><pre>{html.escape(json.dumps(summary, indent=2, default=str))}</pre>")
-    if signals:
-        parts.append("<h2 class='sig'>Echo-Trap guard signals</h2><ul>")
-        for s in signals:
-            parts.append(
-                f"<li class='sig'>iteration {s['iteration']}: <b>{html.escape(str(s.get('rule')))}</b> "
-                f"{html.escape(str(s.get('message', '')))}</li>"
-            )
-        parts.append("</ul>")
-    parts.append("<h2>Learning curves</h2><div>")
-    for panel_title, keys in PANELS:
-        png = _plot_png(panel_title, _expand(keys, present), history, signals)
-        if png:
-            parts.append(f"<img alt='{html.escape(panel_title)}' src='data:image/png;base64,{png}'>")
-    parts.append("</div>")
-    if samples:
-        parts.append("<h2>Sample trajectories (last iteration)</h2>")
-        parts.extend(_trajectory_html(t) for t in samples)
-    parts.append("</body></html>")
+    plots = [(t, png) for t, keys in PANELS if (png := _plot_png(t, _expand(keys, present), history, signals))]
+    page = _TEMPLATES.get_template("report.html.j2").render(
+        title=title,
+        summary=summary,
+        results=_results_rows(summary) if summary else [],
+        summary_json=json.dumps(summary, indent=2, default=str) if summary else "",
+        signals=[
+            {"iteration": s["iteration"], "rule": str(s.get("rule")), "message": str(s.get("message", ""))}
+            for s in signals
+        ],
+        plots=plots,
+        samples=samples,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
+    tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
     return path

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures. Tests never reach the network: only 127.0.0.1."""
+"""Shared pytest fixtures and settings. Tests never reach the network: only 127.0.0.1."""
 
 import os
 
@@ -7,6 +7,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemet
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download a model
 
 import socket
+from collections.abc import Iterator
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -79,3 +80,30 @@ def s3_server():
             yield endpoint
         finally:
             server.stop()
+
+
+# --- Prefect: flow tests run against a real (temporary, local) API via Prefect's test harness -----
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+# Smallest settings that still exercise every stage (warm start, filter, GX, update, eval).
+TINY_RUN = {
+    "rollout.groups": 4,
+    "rollout.group_size": 4,
+    "warm_start.episodes_per_env": 16,
+    "warm_start.steps": 4,
+    "warm_start.batch_size": 8,
+    "eval.seeds": 4,
+    "eval.every": 1,
+    "agent.max_turns": 2,
+    "agent.max_tokens_per_turn": 24,
+    "optim.minibatch_size": 16,
+    "optim.micro_batch_size": 16,
+}

@@ -38,7 +38,7 @@ def _replay(config, stds):  # type: ignore[no-untyped-def]
     rows: list[dict[str, Any]] = []
     decisions = []
     for row in _rows(stds):
-        decision = guard.decide(config, [*rows, row], rollbacks_done=0, overrides={})
+        decision = guard.decide(config, [*rows, row], rollbacks_done=0, patch=guard.GuardPatch())
         row["guard/signals"] = decision.signals
         rows.append(row)
         decisions.append(decision)
@@ -68,39 +68,39 @@ def test_rollback_names_the_last_healthy_step_and_mitigates() -> None:
     # The rule fired at 7 with patience 3: its window (5, 6, 7) is the collapse, so the healthy
     # checkpoint is the newest signal-free step BEFORE the onset 5, i.e. 4 (not 5 or 6).
     assert rollback.rollback_to == 4
-    assert rollback.overrides == {"optim.lr": config.optim.lr / 2}
+    assert rollback.patch == guard.GuardPatch(lr=config.optim.lr / 2)
 
 
 def test_rollback_limit_turns_into_stop() -> None:
     config = _config("rollback", **{"guard.max_rollbacks": 1})
     rows = _rows(COLLAPSE)
-    decision = guard.decide(config, rows, rollbacks_done=1, overrides={"optim.lr": 0.1})
+    decision = guard.decide(config, rows, rollbacks_done=1, patch=guard.GuardPatch(lr=0.1))
     assert decision.action == "stop"
     assert "rollback limit 1 reached" in decision.message
-    assert decision.overrides == {"optim.lr": 0.1}
+    assert decision.patch == guard.GuardPatch(lr=0.1)
 
 
 def test_stop_names_the_healthy_checkpoint() -> None:
     # Fired at 7 with a 3-iteration window: the last healthy checkpoint precedes its onset (5).
-    decision = guard.decide(_config("stop"), _rows(COLLAPSE), rollbacks_done=0, overrides={})
+    decision = guard.decide(_config("stop"), _rows(COLLAPSE), rollbacks_done=0, patch=guard.GuardPatch())
     assert decision.action == "stop"
     assert decision.rollback_to == 4
     assert "last healthy checkpoint: step 4" in decision.message
 
 
 def test_off_ignores_everything() -> None:
-    assert guard.decide(_config("off"), _rows(COLLAPSE), rollbacks_done=0, overrides={}).action == "none"
+    assert guard.decide(_config("off"), _rows(COLLAPSE), rollbacks_done=0, patch=guard.GuardPatch()).action == "none"
 
 
 def test_mitigations() -> None:
     base = _config("rollback")
     assert guard.mitigation(
         base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "stronger_filter"})})
-    ) == {"algo.filter_keep_ratio": base.algo.filter_keep_ratio / 2}
+    ) == guard.GuardPatch(filter_keep_ratio=base.algo.filter_keep_ratio / 2)
     starpo_s = guard.mitigation(
         base.model_copy(update={"guard": base.guard.model_copy(update={"mitigation": "starpo_s"})})
     )
-    assert starpo_s["algo.clip_high"] == 0.28 and starpo_s["algo.kl_mode"] == "none"
+    assert starpo_s.clip_high == 0.28 and starpo_s.kl_mode == "none"
 
 
 def test_bad_rule_name_is_clear() -> None:
@@ -111,6 +111,41 @@ def test_bad_rule_name_is_clear() -> None:
 def test_rollback_candidates_cover_the_target() -> None:
     config = _config("rollback")
     rows = _rows(COLLAPSE)
-    decision = guard.decide(config, rows, rollbacks_done=0, overrides={})
+    decision = guard.decide(config, rows, rollbacks_done=0, patch=guard.GuardPatch())
     # What the flow protected from pruning after the previous iteration includes the chosen target.
     assert decision.rollback_to in guard.rollback_candidates(rows[:-1], guard.rules(config.guard))
+
+
+def test_starpo_s_mitigation_takes_the_stabilisers_from_the_algo_preset() -> None:
+    from ragen_tasks.presets.algos import load_algo_preset
+
+    config = _config("rollback", **{"guard.mitigation": "starpo_s", "algo.kl_mode": "in_loss", "algo.clip_high": 0.2})
+    patch = guard.mitigation(config)
+    starpo_s = load_algo_preset("starpo-s")["algo"]
+    assert patch.overrides() == {f"algo.{k}": starpo_s[k] for k in guard.STARPO_S_STABILISERS}
+    patched = patch.apply(config)
+    assert (patched.algo.kl_mode, patched.algo.clip_high) == ("none", 0.28)
+    assert patched.algo.advantage == config.algo.advantage and patched.optim == config.optim  # stabilisers only
+
+
+def test_patches_compose_and_round_trip_through_the_rows() -> None:
+    first = guard.GuardPatch(lr=1e-3, kl_mode="none")
+    both = first.then(guard.GuardPatch(lr=5e-4))
+    assert both == guard.GuardPatch(lr=5e-4, kl_mode="none")
+    assert guard.GuardPatch.from_overrides(both.overrides()) == both
+    assert both.overrides() == {"optim.lr": 5e-4, "algo.kl_mode": "none"}
+    with pytest.raises(ValueError, match="the guard sets only"):
+        guard.GuardPatch.from_overrides({"optim.critic_lr": 1.0})
+
+
+def test_judge_continues_the_guard_state_recorded_in_the_rows() -> None:
+    config = _config("rollback", **{"guard.mitigation": "lower_lr", "guard.max_rollbacks": 2})
+    rows: list[dict[str, Any]] = []
+    for row in _rows(COLLAPSE):
+        decision = guard.judge(config, rows, row)
+        rows.append({**row, **decision.record()})
+    assert [r["guard/action"] for r in rows] == ["none"] * 7 + ["rollback"]
+    assert rows[-1]["guard/rollbacks"] == 1 and rows[-1]["guard/overrides"] == {"optim.lr": config.optim.lr / 2}
+    # the next iteration continues from that state: one rollback done, the halved learning rate in force
+    again = guard.judge(config, rows, {**rows[-1], "iteration": 8, "guard/signals": []})
+    assert again.rollbacks == 1 and again.patch == guard.GuardPatch(lr=config.optim.lr / 2)

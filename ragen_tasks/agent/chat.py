@@ -33,7 +33,7 @@ _PROBE: list[Message] = [{"role": "system", "content": "s"}, {"role": "user", "c
 
 def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Ids of each text, in one batched tokenizer call (a fast tokenizer encodes the batch in Rust,
-    ~3x cheaper than one call per text). The template text already holds BOS/special tokens where
+    so one call beats one per text). The template text already holds BOS/special tokens where
     the model wants them, so none are added."""
     if not texts:
         return []

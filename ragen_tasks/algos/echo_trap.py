@@ -35,11 +35,10 @@ A rule fires at EVERY iteration where its condition holds; ``first_signals`` kee
 from __future__ import annotations
 
 import math
-import operator
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 History = Sequence[Mapping[str, Any]]
 
@@ -136,65 +135,75 @@ def _series(history: History, metric: str) -> list[tuple[int, float]]:
     return out
 
 
-def _early_level_rule(
-    history: History,
-    *,
-    rule: str,
-    metric: str,
-    warmup: int,
-    patience: int,
-    bound: Callable[[float], float],
-    breached: Callable[[float, float], bool],
-    describe: str,
-) -> list[EchoTrapSignal]:
-    """Fire when ``breached(value, bound(early))`` holds for ``patience`` consecutive post-warmup values."""
-    series = [(it, v) for it, v in _series(history, metric) if math.isfinite(v)]
+@dataclass(frozen=True)
+class _Rule:
+    """One row of the rule table (see ``_rule_table``)."""
+
+    name: str
+    kind: Literal["fraction_of_early", "rise_over_early", "times_median"]  # how the threshold applies
+    metric: str
+    threshold: float | None  # the fraction, rise or factor; None turns the rule off
+    span: int  # patience (early-level rules) or running-median window
+    non_finite_fires: bool = False  # times_median: a non-finite value is itself a firing
+
+
+def _rule_table(r: EchoTrapRules) -> tuple[_Rule, ...]:
+    """The six rules of the module docstring, as data."""
+    # fmt: off
+    return (
+        #     name                     kind                 metric                 threshold                    span
+        _Rule("in_group_std_collapse", "fraction_of_early", r.std_metric,          r.std_collapse_fraction,     r.std_collapse_patience),
+        _Rule("grad_norm_spike",       "times_median",      r.grad_norm_metric,    r.grad_norm_spike_factor,    r.grad_norm_window, non_finite_fires=True),
+        _Rule("entropy_collapse",      "fraction_of_early", r.entropy_metric,      r.entropy_collapse_fraction, r.entropy_patience),
+        _Rule("entropy_jump",          "times_median",      r.entropy_metric,      r.entropy_jump_factor,       r.entropy_window),
+        _Rule("think_collapse",        "fraction_of_early", r.think_metric,        r.think_collapse_fraction,   r.think_patience),
+        _Rule("format_error_rise",     "rise_over_early",   r.format_error_metric, r.format_error_rise,         r.format_error_patience),
+    )
+    # fmt: on
+
+
+def _early_level_rule(history: History, rule: _Rule, threshold: float, warmup: int) -> list[EchoTrapSignal]:
+    """Fire when the value is below ``threshold`` x the early level (``fraction_of_early``) or above
+    the early level + ``threshold`` (``rise_over_early``) for ``rule.span`` consecutive post-warmup values."""
+    series = [(it, v) for it, v in _series(history, rule.metric) if math.isfinite(v)]
     if len(series) <= warmup:
         return []
     early = statistics.fmean(v for _, v in series[:warmup])
-    threshold = bound(early)
+    below = rule.kind == "fraction_of_early"
+    bound = threshold * early if below else early + threshold
     signals: list[EchoTrapSignal] = []
     streak: list[float] = []
     for it, v in series[warmup:]:
-        streak = [*streak, v] if breached(v, threshold) else []
-        if len(streak) >= patience:
-            window = tuple(streak[-patience:])
+        streak = [*streak, v] if (v < bound if below else v > bound) else []
+        if len(streak) >= rule.span:
             signals.append(
                 EchoTrapSignal(
-                    rule=rule,
+                    rule=rule.name,
                     iteration=it,
-                    metric=metric,
+                    metric=rule.metric,
                     value=v,
                     reference=early,
-                    threshold=threshold,
-                    window=window,
-                    message=f"{metric}={v:.4g} {describe} {threshold:.4g} (early level {early:.4g}) "
-                    f"for {patience} iteration(s) at iteration {it}",
+                    threshold=bound,
+                    window=tuple(streak[-rule.span :]),
+                    message=f"{rule.metric}={v:.4g} {'<' if below else '>'} {bound:.4g} (early level {early:.4g}) "
+                    f"for {rule.span} iteration(s) at iteration {it}",
                 )
             )
     return signals
 
 
-def _running_median_rule(
-    history: History,
-    *,
-    rule: str,
-    metric: str,
-    factor: float,
-    window: int,
-    min_history: int,
-    non_finite_fires: bool,
-) -> list[EchoTrapSignal]:
-    """Fire when a value exceeds ``factor`` x the median of the previous ``window`` finite values."""
+def _running_median_rule(history: History, rule: _Rule, factor: float, min_history: int) -> list[EchoTrapSignal]:
+    """Fire when a value exceeds ``factor`` x the median of the previous ``rule.span`` finite values."""
+    metric, window = rule.metric, rule.span
     signals: list[EchoTrapSignal] = []
     previous: list[float] = []
     for it, v in _series(history, metric):
         if not math.isfinite(v):
-            if non_finite_fires:
+            if rule.non_finite_fires:
                 ref = statistics.median(previous[-window:]) if previous else float("nan")
                 signals.append(
                     EchoTrapSignal(
-                        rule=rule,
+                        rule=rule.name,
                         iteration=it,
                         metric=metric,
                         value=v,
@@ -211,7 +220,7 @@ def _running_median_rule(
             if median > 0 and v > factor * median:
                 signals.append(
                     EchoTrapSignal(
-                        rule=rule,
+                        rule=rule.name,
                         iteration=it,
                         metric=metric,
                         value=v,
@@ -238,74 +247,13 @@ def detect_echo_trap(history: History, rules: EchoTrapRules | None = None) -> li
     """
     r = rules if rules is not None else EchoTrapRules()
     signals: list[EchoTrapSignal] = []
-    if r.std_collapse_fraction is not None:
-        frac = r.std_collapse_fraction
-        signals += _early_level_rule(
-            history,
-            rule="in_group_std_collapse",
-            metric=r.std_metric,
-            warmup=r.warmup,
-            patience=r.std_collapse_patience,
-            bound=lambda e: frac * e,
-            breached=operator.lt,
-            describe="<",
-        )
-    if r.grad_norm_spike_factor is not None:
-        signals += _running_median_rule(
-            history,
-            rule="grad_norm_spike",
-            metric=r.grad_norm_metric,
-            factor=r.grad_norm_spike_factor,
-            window=r.grad_norm_window,
-            min_history=r.median_min_history,
-            non_finite_fires=True,
-        )
-    if r.entropy_collapse_fraction is not None:
-        efrac = r.entropy_collapse_fraction
-        signals += _early_level_rule(
-            history,
-            rule="entropy_collapse",
-            metric=r.entropy_metric,
-            warmup=r.warmup,
-            patience=r.entropy_patience,
-            bound=lambda e: efrac * e,
-            breached=operator.lt,
-            describe="<",
-        )
-    if r.entropy_jump_factor is not None:
-        signals += _running_median_rule(
-            history,
-            rule="entropy_jump",
-            metric=r.entropy_metric,
-            factor=r.entropy_jump_factor,
-            window=r.entropy_window,
-            min_history=r.median_min_history,
-            non_finite_fires=False,
-        )
-    if r.think_collapse_fraction is not None:
-        tfrac = r.think_collapse_fraction
-        signals += _early_level_rule(
-            history,
-            rule="think_collapse",
-            metric=r.think_metric,
-            warmup=r.warmup,
-            patience=r.think_patience,
-            bound=lambda e: tfrac * e,
-            breached=operator.lt,
-            describe="<",
-        )
-    if r.format_error_rise is not None:
-        rise = r.format_error_rise
-        signals += _early_level_rule(
-            history,
-            rule="format_error_rise",
-            metric=r.format_error_metric,
-            warmup=r.warmup,
-            patience=r.format_error_patience,
-            bound=lambda e: e + rise,
-            breached=operator.gt,
-            describe=">",
-        )
+    for rule in _rule_table(r):
+        if rule.threshold is None:
+            continue
+        if rule.kind == "times_median":
+            signals += _running_median_rule(history, rule, rule.threshold, r.median_min_history)
+        else:
+            signals += _early_level_rule(history, rule, rule.threshold, r.warmup)
     return sorted(signals, key=lambda s: (s.iteration, s.rule))
 
 

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -24,15 +24,13 @@ if TYPE_CHECKING:
 
 
 def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
+    """Mean; 0 for no values."""
+    return statistics.fmean(xs) if xs else 0.0
 
 
 def _std(xs: Sequence[float]) -> float:
-    """Unbiased std; 0 for fewer than two values."""
-    if len(xs) < 2:
-        return 0.0
-    mu = _mean(xs)
-    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+    """Unbiased (sample) std; 0 for fewer than two values."""
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def rollout_health(

@@ -199,7 +199,9 @@ def value_loss(
         clipped_wins = torch.zeros_like(m)
     else:
         v_old = torch.where(m, old_values.detach(), zeros)
-        v_clip = v_old + (v - v_old).clamp(-clip_range, clip_range)
+        # clamp(V, V_old - c, V_old + c) is V itself inside the band, so a token counts as clipped
+        # only when V left it (V_old + (V - V_old).clamp(-c, c) rounds, and can differ from V inside)
+        v_clip = torch.clamp(v, v_old - clip_range, v_old + clip_range)
         err_clip = (v_clip - g) ** 2
         vf = 0.5 * torch.maximum(err, err_clip)
         clipped_wins = err_clip > err

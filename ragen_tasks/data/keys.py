@@ -7,6 +7,7 @@ Layout (design section 6), relative to the store root::
     {run_id}/iter_{k:06d}/{stage}/{name}-{i:05d}-{sha16}.parquet  a trajectory shard
     {run_id}/checkpoints/step_{k:06d}/...                       a checkpoint folder
     {run_id}/quarantine/iter_{k:06d}/{stage}/...                batches that failed validation
+    {run_id}/iter_{v:06d}/rollouts/w-{worker}-{seq:06d}.manifest.json  an async worker's batch (policy v)
 
 Every part is checked against a strict pattern BEFORE any I/O: no ``..``, no ``/``, no ``\\``,
 no absolute paths, no empty parts, no control characters, no leading dot (hidden files) and nothing
@@ -27,6 +28,9 @@ PART_PATTERN: Final[str] = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _PART_RE: Final = re.compile(PART_PATTERN)
 MAX_INDEX: Final[int] = 999_999  # iteration / step numbers are written with 6 digits
 DATA_SUFFIXES: Final[tuple[str, ...]] = (".parquet", ".json")
+MANIFEST_SUFFIX: Final[str] = ".manifest.json"
+_ITERATION_RE: Final = re.compile(r"iter_(\d{6})")
+_WORKER_ITEM_RE: Final = re.compile(r"w-(?P<worker>[A-Za-z0-9._-]+)-(?P<seq>\d{6})")
 
 
 class UnsafeKeyError(ValueError):
@@ -84,8 +88,19 @@ def check_data_file_name(name: object) -> str:
     return name
 
 
+def iteration_folder(iteration: int) -> str:
+    """``iter_{k:06d}``: the folder of one iteration inside its run."""
+    return f"iter_{check_index(iteration, 'iteration'):06d}"
+
+
+def parse_iteration_folder(name: str) -> int | None:
+    """The iteration of a folder named ``iter_{k:06d}``, else None."""
+    match = _ITERATION_RE.fullmatch(name)
+    return None if match is None else int(match.group(1))
+
+
 def iteration_prefix(run_id: str, iteration: int) -> str:
-    return f"{check_run_id(run_id)}/iter_{check_index(iteration, 'iteration'):06d}"
+    return f"{check_run_id(run_id)}/{iteration_folder(iteration)}"
 
 
 def stage_prefix(run_id: str, iteration: int, stage: str) -> str:
@@ -93,7 +108,21 @@ def stage_prefix(run_id: str, iteration: int, stage: str) -> str:
 
 
 def manifest_key(run_id: str, iteration: int, stage: str, name: str) -> str:
-    return f"{stage_prefix(run_id, iteration, stage)}/{check_part(name, 'name')}.manifest.json"
+    return f"{stage_prefix(run_id, iteration, stage)}/{check_part(name, 'name')}{MANIFEST_SUFFIX}"
+
+
+def worker_item(worker: str, seq: int) -> str:
+    """Item name of batch ``seq`` of async rollout worker ``worker``: ``w-{worker}-{seq:06d}``."""
+    check_part(worker, "worker")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_INDEX:
+        raise ValueError(f"seq={seq!r} must be an int in [0, {MAX_INDEX}]")
+    return check_part(f"w-{worker}-{seq:06d}", "worker item")
+
+
+def parse_worker_item(name: str) -> tuple[str, int] | None:
+    """``(worker, seq)`` of an item named by :func:`worker_item`, else None."""
+    match = _WORKER_ITEM_RE.fullmatch(name)
+    return None if match is None else (match.group("worker"), int(match.group("seq")))
 
 
 def quarantine_prefix(run_id: str, iteration: int, stage: str) -> str:

@@ -20,13 +20,6 @@ Commit protocol (design section 6):
 
 A writer that finds its manifest already there returns it at once without rewriting anything
 (idempotent retries). Nothing is ever unpickled: data is Parquet or JSON.
-
-In-process hand-off: a ``Store`` object remembers the last few trajectory batches it committed
-itself (:meth:`Store.own_write`), so a stage running in the same process as the stage that wrote
-its input (the filter after the rollout, the update after the filter) takes the table and the
-trajectories from memory instead of reading, checking and decoding bytes it has just written
-(~10 ms a batch on the default preset). Only when the key's committed manifest still names exactly
-the objects this object wrote; the plain readers always go to storage and check every checksum.
 """
 
 from __future__ import annotations
@@ -39,9 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragen_tasks.data.keys import (
+    MANIFEST_SUFFIX,
     UnsafeKeyError,
     check_data_file_name,
     check_index,
@@ -59,6 +51,7 @@ from ragen_tasks.data.keys import (
     check_stage,
     checkpoint_key,
     manifest_key,
+    parse_iteration_folder,
     quarantine_prefix,
     stage_prefix,
 )
@@ -69,16 +62,6 @@ log = logging.getLogger(__name__)
 
 DIR_MANIFEST = "_STORE_MANIFEST.json"  # commit marker of an uploaded folder, written LAST
 _CHUNK = 8 * 2**20
-_OWN_WRITES_KEPT = 2  # batches a Store object remembers (the rollouts and the batch of one iteration)
-
-
-@dataclass(frozen=True)
-class OwnWrite:
-    """A trajectory batch this Store object committed: its manifest, table and trajectories."""
-
-    manifest: Manifest
-    table: pa.Table
-    trajectories: tuple[Trajectory, ...]
 
 
 class Store:
@@ -107,7 +90,6 @@ class Store:
                 log.info("store on s3://%s (endpoint %s)", self._root, endpoint or "AWS default")
             self.fs = fsspec.filesystem(protocol, **options)
         self.root_uri = f"{protocol}://{self._root}"
-        self._own_writes: OrderedDict[str, OwnWrite] = OrderedDict()  # manifest key -> batch (own_write)
 
     # ------------------------------------------------------------------ display
     def uri(self, run_id: str, iteration: int | None = None, stage: str | None = None, name: str | None = None) -> str:
@@ -140,8 +122,7 @@ class Store:
         if existing is not None:
             log.info("%s already committed: returning its manifest", self._path(mkey))
             return existing
-        kept = tuple(trajectories)
-        table = to_table(list(kept))
+        table = to_table(list(trajectories))
         buf = io.BytesIO()
         pq.write_table(table, buf)
         data = buf.getvalue()
@@ -158,26 +139,7 @@ class Store:
             weights_fingerprint=weights_fingerprint,
             extra=extra,
         )
-        committed = self._commit(mkey, manifest)
-        if committed is manifest:  # this call's bytes are the committed ones (not a racing writer's)
-            self._own_writes[mkey] = OwnWrite(committed, table, kept)
-            while len(self._own_writes) > _OWN_WRITES_KEPT:
-                self._own_writes.popitem(last=False)
-        return committed
-
-    def own_write(self, run_id: str, iteration: int, stage: str, name: str = "trajectories") -> OwnWrite | None:
-        """The batch this Store object committed at that key, if it still remembers it and the
-        committed manifest there still names exactly the objects it wrote (not quarantined, not
-        replaced); else None, and the caller reads from storage (``read_table`` / ``read_trajectories``)."""
-        mkey = manifest_key(run_id, iteration, stage, name)
-        held = self._own_writes.get(mkey)
-        if held is None:
-            return None
-        stored = self._read_manifest_if_any(mkey)
-        if stored is None or stored.objects != held.manifest.objects:
-            del self._own_writes[mkey]
-            return None
-        return held
+        return self._commit(mkey, manifest)
 
     def read_table(
         self, run_id: str, iteration: int, stage: str, name: str = "trajectories"
@@ -270,6 +232,23 @@ class Store:
             )
         return manifest
 
+    def iterations(self, run_id: str) -> list[int]:
+        """Iterations that have a folder in the run, ascending (a listing: for discovery only; read
+        what it finds through manifests)."""
+        base = self._path(check_run_id(run_id))
+        if not self.fs.exists(base):
+            return []
+        found = (parse_iteration_folder(_base_name(p)) for p in self.fs.ls(base, detail=False))
+        return sorted(k for k in found if k is not None)
+
+    def committed_names(self, run_id: str, iteration: int, stage: str) -> list[str]:
+        """Names of the items with a manifest in a stage folder, sorted (a listing, as ``iterations``)."""
+        folder = self._path(stage_prefix(run_id, iteration, stage))
+        if not self.fs.exists(folder):
+            return []
+        names = (_base_name(p) for p in self.fs.ls(folder, detail=False))
+        return sorted(n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX))
+
     def last_committed_iteration(self, run_id: str, stage: str, name: str = "trajectories") -> int | None:
         """Highest k such that iterations 0..k all have a committed ``stage/name`` (probes manifests)."""
         check_stage(stage)
@@ -297,7 +276,6 @@ class Store:
         )
         self._put_bytes(f"{dst}/{name}.manifest.json", manifest.to_json_bytes())
         self.fs.rm(self._path(mkey))
-        self._own_writes.pop(mkey, None)
         for entry in manifest.objects:
             if self.fs.exists(self._path(f"{src}/{entry.name}")):
                 self.fs.rm(self._path(f"{src}/{entry.name}"))
@@ -373,7 +351,7 @@ class Store:
             return []
         steps = []
         for p in self.fs.ls(prefix, detail=False):
-            base = str(p).rstrip("/").rsplit("/", 1)[-1]
+            base = _base_name(p)
             if (
                 base.startswith("step_")
                 and base[5:].isdigit()
@@ -534,6 +512,11 @@ def _split_root(root: str) -> tuple[str, str]:
     if protocol == "s3" and not parts:
         raise ValueError(f"store root={root!r} must name a bucket: s3://bucket[/prefix]")
     return protocol, path
+
+
+def _base_name(path: object) -> str:
+    """Last part of a listed path (fsspec lists folders with or without a trailing slash)."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _file_sha256(path: Path) -> str:

@@ -178,8 +178,8 @@ def _padded_batch(
     # (B, T) True on each row's real tokens. Its True cells in row-major order are the rows' tokens
     # concatenated, so one masked assignment per field fills every row (instead of one per row).
     # Padding is done in numpy, single-threaded: these copies are small, and a torch parallel region
-    # stalls for a scheduler slice whenever another process holds the other core (measured in the
-    # train flow right after a task boundary: 20-40 ms instead of 2 ms).
+    # stalls for a scheduler slice whenever another process holds the other core (as the Prefect
+    # server does right after a task boundary in the train flow).
     real = np.arange(t)[None, :] < lengths[:, None]
 
     def padded(name: str, pad: float) -> torch.Tensor:

@@ -7,7 +7,7 @@ and the attention scale are folded into those matrices, rotary tables are built 
 mask construction, no output objects, no hooks. The prefill attends through
 ``scaled_dot_product_attention``, except in the last layer, where past the keys and values only the
 last query is computed (only its logits are used); a decode step (one query per row) attends through
-two batched matrix products, which on CPU cost well under half of SDPA's flash kernel at Q = 1, with
+two batched matrix products, cheaper on CPU than SDPA's flash kernel at Q = 1, with
 the padding mask kept by the cache (``KVCache.key_bias``), not rebuilt per step. On a ~100k-parameter
 model on CPU much of the per-token cost is Python and dispatch overhead, which this removes. The
 results equal the transformers forward up to float rounding (the engine tests hold log-probs to 1e-4).
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 class KVCache:
     """Preallocated keys/values for ``length`` filled columns of ``capacity``, per layer: keys stored
     TRANSPOSED, (B, H_kv, D, capacity), so a decode step's query-key product reads them as a plain
-    (D, K) matrix per row and head (~25% cheaper than a transposed operand on CPU); values (B, H_kv,
+    (D, K) matrix per row and head (cheaper than a transposed operand on CPU); values (B, H_kv,
     capacity, D). ``write`` and ``layers`` hand out keys as (B, H_kv, K, D) views.
 
     All rows advance together (padding is the mask's job), so one ``length`` serves the batch.
@@ -239,7 +239,7 @@ class FastQwen2:
             if x.shape[1] == 1:  # queries come pre-scaled by D^-1/2 (folded into qkv_w)
                 att = self._decode_attention(qs, ks_t, vs, last_bias)  # (B, 1, Hq D)
             else:
-                # contiguous keys: with a strided last dimension SDPA leaves its flash kernel (~2x slower)
+                # contiguous keys: with a strided last dimension SDPA leaves its flash kernel
                 keys = ks_t.transpose(2, 3).contiguous()  # (B, Hkv, K, D)
                 att = F.scaled_dot_product_attention(qs, keys, vs, attn_mask=full_bias, scale=1.0, enable_gqa=hq != hk)
                 att = att.transpose(1, 2).reshape(b, q, hq * d)  # (B, Q, Hq D)

@@ -57,8 +57,21 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     spec = PRESETS[name]
     tokenizer = build_tokenizer(vocab_size=spec.vocab_size)
+    model = qwen2_model(
+        spec, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def qwen2_model(
+    spec: PresetSpec, *, vocab_size: int, eos_token_id: int | None = None, pad_token_id: int | None = None
+) -> Qwen2ForCausalLM:
+    """A Qwen2 model shaped by ``spec`` (tied embeddings, float32), randomly initialised with
+    ``spec.seed``: the one place our models are built from a ``Qwen2Config`` (presets, tests, benchmarks)."""
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -67,15 +80,12 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's global RNG alone
         torch.manual_seed(spec.seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
+        return Qwen2ForCausalLM(config)
 
 
 def ensure_preset(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -17,17 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from ragen_tasks.config import TrainConfig
+from ragen_tasks.config import ConfigError, TrainConfig, deep_merge, set_dotted
+from ragen_tasks.presets.algos import load_algo_preset
 
 PRESET_DIR = Path(__file__).parent
-ALGO_PRESET_DIR = PRESET_DIR / "algos"
 DEFAULT_PRESET = "default"
-
-
-class ConfigError(ValueError):
-    """A preset, file or override that cannot become a valid TrainConfig. The message is one line."""
 
 
 def available_presets() -> list[str]:
@@ -42,17 +38,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections, got {type(data).__name__}")
     return data
-
-
-def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; ``top`` wins. Lists and scalars are replaced, not merged."""
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def _resolve(name_or_file: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -73,12 +58,11 @@ def _resolve(name_or_file: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if "extends" in data:
         base = _resolve(str(data.pop("extends")), (*seen, str(path)))
     if "algo_preset" in data:
-        algo_name = str(data.pop("algo_preset"))
-        algo_path = ALGO_PRESET_DIR / f"{algo_name}.yaml"
-        if not algo_path.is_file():
-            known = sorted(p.stem for p in ALGO_PRESET_DIR.glob("*.yaml"))
-            raise ConfigError(f"{path.name}: unknown algo_preset {algo_name!r}; known: {', '.join(known)}")
-        base = deep_merge(base, _read_yaml(algo_path))
+        try:
+            algo = load_algo_preset(str(data.pop("algo_preset")))
+        except ConfigError as exc:
+            raise ConfigError(f"{path.name}: {exc}") from None
+        base = deep_merge(base, algo)
     return deep_merge(base, data)
 
 
@@ -94,39 +78,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def _check_path(path: list[str], model: type[BaseModel], text: str) -> None:
-    """Reject a dotted key that does not name a config field, listing the valid keys at that level."""
-    current: type[BaseModel] | None = model
-    for depth, part in enumerate(path):
-        if current is None:
-            return  # inside a free-form dict (e.g. env config): the consumer validates it
-        fields = current.model_fields
-        if part not in fields:
-            where = ".".join(path[:depth]) or "top level"
-            raise ConfigError(
-                f"--set {text!r}: unknown key {part!r} at {where}; valid keys: {', '.join(sorted(fields))}"
-            )
-        annotation = fields[part].annotation
-        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
 Overrides = Iterable[str] | Mapping[str, Any]
 
 
 def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
     """Apply ``["a.b=1", ...]`` (CLI form) or ``{"a.b": 1, ...}`` (flow-parameter form)."""
-    pairs: list[tuple[list[str], Any, str]] = []
+    pairs: list[tuple[str, Any, str]] = []  # (dotted key, value, the override as the user wrote it)
     if isinstance(overrides, Mapping):
-        pairs = [(str(key).split("."), value, f"{key}={value}") for key, value in overrides.items()]
+        pairs = [(str(key), value, f"{key}={value}") for key, value in overrides.items()]
     else:
-        pairs = [(*parse_override(text), text) for text in overrides]
+        for text in overrides:
+            path, value = parse_override(text)
+            pairs.append((".".join(path), value, text))
     result = dict(data)
-    for path, value, text in pairs:
-        _check_path(path, TrainConfig, text)
-        patch: Any = value
-        for part in reversed(path):
-            patch = {part: patch}
-        result = deep_merge(result, patch)
+    for key, value, text in pairs:
+        try:
+            result = set_dotted(result, key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"--set {text!r}: {exc}") from None
     return result
 
 

@@ -1,4 +1,4 @@
-"""Engine names -> dotted paths, resolved with importlib only when chosen.
+"""Engine names -> dotted paths, resolved (``pkgutil.resolve_name``) only when chosen.
 
 Heavy engines (vLLM) are imported only by the run that asks for them, so CPU CI never imports
 vllm. Any ``"package.module:Class"`` works too, for engines outside this package.
@@ -6,7 +6,7 @@ vllm. Any ``"package.module:Class"`` works too, for engines outside this package
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Any
 
 ENGINES: dict[str, str] = {
@@ -31,16 +31,14 @@ def resolve_engine(name: str) -> type[Any]:
     if not module_name or not attr:
         raise ValueError(f"rollout.engine={name!r}: a dotted path must look like 'package.module:Class'")
     try:
-        module = importlib.import_module(module_name)
+        cls = pkgutil.resolve_name(path)
+    except AttributeError as err:
+        raise ImportError(f"rollout.engine={name!r}: module {module_name!r} has no attribute {attr!r}") from err
     except ImportError as err:
         raise ImportError(
             f"rollout.engine={name!r}: cannot import module {module_name!r} ({err}); is its package installed "
             "in this image (vllm lives in docker/Dockerfile.vllm)?"
         ) from err
-    try:
-        cls = getattr(module, attr)
-    except AttributeError as err:
-        raise ImportError(f"rollout.engine={name!r}: module {module_name!r} has no attribute {attr!r}") from err
     if not isinstance(cls, type):
         raise TypeError(f"rollout.engine={name!r}: {path} is a {type(cls).__name__}, not a class")
     return cls

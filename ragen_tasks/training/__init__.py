@@ -1,0 +1,1 @@
+"""Training: the update step (torch / DeepSpeed backends), the critic, exact checkpoints, the warm start."""

@@ -1,9 +1,8 @@
 """Great Expectations suite for a trajectory batch, run before every update (design section 6).
 
 GX checks a small flat frame with ONE ROW PER TRAJECTORY whose columns are scalars precomputed
-from the Arrow table with vectorised pyarrow/numpy (lengths, mask sums, finiteness flags), so a
-128-trajectory batch of ~2k tokens validates in tens of milliseconds instead of GX walking 256k
-tokens. The suite (built in code, ephemeral context, pandas data source) checks:
+from the Arrow table with vectorised pyarrow/numpy (lengths, mask sums, finiteness flags), so GX
+walks one row per trajectory, never the tokens. The suite (built in code, ephemeral context, pandas data source) checks:
 
 - schema: every derived column is present (a source column that is missing or has the wrong
   Arrow type removes the columns derived from it), and the schema version is ours;
@@ -11,8 +10,8 @@ tokens. The suite (built in code, ephemeral context, pandas data source) checks:
 - row invariants, one ``row_problems`` column that must be empty (``""``) on every row, else it
   names what is wrong (comma-separated, see ``ROW_PROBLEMS``): the trajectory or a turn reward is
   not finite, token/turn lists differ in length, a mask is not 0/1 or the loss covers prompt
-  tokens, a rollout log-prob is not finite. One expectation instead of four: GX's cost is ~4 ms per
-  expectation whatever the data, and these four were each a precomputed flag checked for ``True``;
+  tokens, a rollout log-prob is not finite. One expectation instead of four: GX's cost grows with the number of
+  expectations whatever the data, and these four were each a precomputed flag checked for ``True``;
 - reward within ``[reward_min, reward_max]``; at least one policy token under the loss
   (``sum(loss_mask * response_mask) >= 1``);
 - lengths: ``1 <= tokens <= max_tokens`` and ``1 <= turns <= max_turns``;
@@ -280,7 +279,7 @@ def validate_table(
     batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
     suite = build_suite(limits)
     parameters = suite_parameters(policy_version, weights_fingerprint)
-    # Pass/fail only on the hot path (~25% cheaper); a failing batch is validated again with the
+    # Pass/fail only on the hot path (cheaper); a failing batch is validated again with the
     # observed and unexpected values, which the quarantine record keeps.
     result = batch.validate(suite, result_format="BOOLEAN_ONLY", expectation_parameters=parameters)
     if not result.success:
@@ -300,10 +299,8 @@ def validate_table(
 def validate_stored_batch(
     store: Store, run_id: str, iteration: int, stage: str, *, limits: BatchLimits, name: str = "trajectories"
 ) -> tuple[list[Trajectory], Manifest]:
-    """Validate a committed batch; on failure quarantine it and raise BatchValidationError. The batch
-    comes from memory if ``store`` committed it itself (``Store.own_write``), else from storage."""
-    held = store.own_write(run_id, iteration, stage, name)
-    table, manifest = (held.table, held.manifest) if held else store.read_table(run_id, iteration, stage, name)
+    """Validate a committed batch; on failure quarantine it and raise BatchValidationError."""
+    table, manifest = store.read_table(run_id, iteration, stage, name)
     outcome = validate_table(
         table, limits=limits, policy_version=manifest.policy_version, weights_fingerprint=manifest.weights_fingerprint
     )
@@ -318,4 +315,4 @@ def validate_stored_batch(
             failed=outcome.failed,
             quarantine_uri=where,
         )
-    return (list(held.trajectories) if held else from_table(table)), manifest
+    return from_table(table), manifest

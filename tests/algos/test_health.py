@@ -8,35 +8,28 @@ import pytest
 import torch
 
 from ragen_tasks.algos import mean_metrics, rollout_health, rollout_health_from_trajectories, staleness_health
+from ragen_tasks.data.synthetic import trajectory
 from ragen_tasks.data.trajectory import Trajectory
 
 
 def _traj(i: int, group: int, reward: float, think: list[str], fmt: list[bool], n_resp: int) -> Trajectory:
     n_turns = len(think)
     t = 2 + n_resp
-    return Trajectory(
+    return trajectory(
+        list(range(t)),
+        [0, 0] + [1] * n_resp,
+        [2] * n_turns,
+        [t] * n_turns,
+        [reward] + [0.0] * (n_turns - 1),
+        prompt_length=2,
         traj_id=f"t{i}",
         env_name="bandit",
         seed=group,
         group_id=group,
-        policy_version=0,
         weights_fingerprint="x",
-        input_ids=list(range(t)),
-        response_mask=[0, 0] + [1] * n_resp,
-        loss_mask=[0, 0] + [1] * n_resp,
-        rollout_logprobs=[0.0] * t,
-        turn_starts=[2] * n_turns,
-        turn_ends=[t] * n_turns,
-        turn_rewards=[reward] + [0.0] * (n_turns - 1),
-        turn_actions=[[]] * n_turns,
         turn_format_ok=fmt,
         turn_think=think,
-        turn_responses=[""] * n_turns,
-        turn_observations=[""] * n_turns,
-        reward=reward,
         success=reward > 0,
-        status="terminated",
-        prompt_length=2,
     )
 
 

@@ -176,15 +176,29 @@ def test_value_loss_matches_loop(seed: int) -> None:
     for i in range(3):
         row = []
         for j in range(6):
-            vc = old[i, j].item() + min(max(v[i, j].item() - old[i, j].item(), -0.5), 0.5)
-            e1, e2 = (v[i, j].item() - g[i, j].item()) ** 2, (vc - g[i, j].item()) ** 2
+            vi, oi, gi = v[i, j].item(), old[i, j].item(), g[i, j].item()
+            outside = abs(vi - oi) > 0.5  # the prediction left the band around the old one
+            vc = (oi + 0.5 if vi > oi else oi - 0.5) if outside else vi
+            e1, e2 = (vi - gi) ** 2, (vc - gi) ** 2
             row.append(0.5 * max(e1, e2))
-            clipped += int(mask[i, j] == 1 and e2 > e1)
+            clipped += int(mask[i, j] == 1 and outside and e2 > e1)
         mat.append(row)
     assert loss.item() == pytest.approx(_agg_loop(mat, mask.tolist(), "token-mean"))
     assert metrics["critic/vf_clipfrac"].item() == pytest.approx(clipped / mask.sum().item())
     dirty, _ = value_loss(with_garbage(v, mask, gen), with_garbage(old, mask, gen), with_garbage(g, mask, gen), mask)
     torch.testing.assert_close(dirty, loss)
+
+
+def test_value_clipfrac_counts_no_token_inside_the_band() -> None:
+    # independent float32 predictions, old predictions and returns; the tokens whose prediction stays
+    # within c of the old one are not clipped, whatever the round-off of v - v_old
+    gen = torch.Generator().manual_seed(0)
+    v, old, g = (torch.randn(128, 128, generator=gen) for _ in range(3))  # (B, T) each
+    inside = ((v - old).abs() < 0.5).float()  # (B, T) 1 = prediction within the band
+    loss, metrics = value_loss(v, old, g, inside, clip_range=0.5)
+    assert inside.sum() > 1000
+    assert metrics["critic/vf_clipfrac"].item() == 0.0
+    assert loss.item() == pytest.approx(0.5 * (((v - g) ** 2) * inside).sum().item() / inside.sum().item(), rel=1e-5)
 
 
 def test_value_loss_hand_computed_and_unclipped() -> None:

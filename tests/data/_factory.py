@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from ragen_tasks.data.synthetic import trajectory, turn_layout
 from ragen_tasks.data.trajectory import Trajectory
 
 
@@ -19,42 +20,27 @@ def make_trajectory(
 ) -> Trajectory:
     """A consistent episode: prompt, then per turn a response span followed by an observation span."""
     rng = random.Random(seed * 1_000_003 + i)
-    span = (tokens - prompt) // turns
-    resp = max(1, span // 2)
-    mask = [0] * prompt
-    starts, ends = [], []
-    for k in range(turns):
-        s = prompt + k * span
-        starts.append(s)
-        ends.append(s + resp)
-        mask += [1] * resp + [0] * (span - resp)
-    mask += [0] * (tokens - len(mask))
+    mask, starts, ends = turn_layout(tokens, prompt, turns)
     rewards = [round(rng.uniform(-1, 1), 3) for _ in range(turns)]
-    return Trajectory(
+    return trajectory(
+        [rng.randrange(50_000) for _ in range(tokens)],
+        mask,
+        starts,
+        ends,
+        rewards,
+        prompt_length=prompt,
         traj_id=f"t{i:05d}",
         env_name="frozen_lake",
         seed=i,
         group_id=i // 4,
         policy_version=policy_version,
         weights_fingerprint=fingerprint,
-        input_ids=[rng.randrange(50_000) for _ in range(tokens)],
-        response_mask=mask,
-        loss_mask=list(mask),
-        rollout_logprobs=[
-            -rng.random() if m else 0.0 for m in mask
-        ],  # float32-exact not needed: compared after a round trip
-        turn_starts=starts,
-        turn_ends=ends,
-        turn_rewards=rewards,
+        rollout_logprobs=[-rng.random() if m else 0.0 for m in mask],  # compared after a round trip
         turn_actions=[["Left", "Up"]] * turns,
-        turn_format_ok=[True] * turns,
         turn_think=["think"] * turns,
         turn_responses=["<answer>Left</answer>"] * turns,
         turn_observations=["P_\n_G"] * turns,
-        reward=sum(rewards),
         success=bool(i % 2),
-        status="terminated",
-        prompt_length=prompt,
     )
 
 

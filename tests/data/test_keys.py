@@ -102,3 +102,18 @@ def test_store_root_with_traversal_refused() -> None:
 
 def test_checkpoint_key_layout() -> None:
     assert checkpoint_key("run-1", 7) == "run-1/checkpoints/step_000007"
+
+
+def test_worker_items_and_iteration_folders_round_trip() -> None:
+    from ragen_tasks.data.keys import iteration_folder, parse_iteration_folder, parse_worker_item, worker_item
+
+    assert worker_item("pod-7.a", 12) == "w-pod-7.a-000012"
+    assert parse_worker_item("w-pod-7.a-000012") == ("pod-7.a", 12)
+    assert parse_worker_item("trajectories") is None and parse_worker_item("w-a-12") is None
+    for bad_seq in (-1, 1_000_000, True, "3"):
+        with pytest.raises(ValueError, match="seq="):
+            worker_item("a", bad_seq)  # type: ignore[arg-type]
+    with pytest.raises(UnsafeKeyError):
+        worker_item("../a", 0)
+    assert iteration_folder(7) == "iter_000007" and parse_iteration_folder("iter_000007") == 7
+    assert parse_iteration_folder("iter_7") is None and parse_iteration_folder("checkpoints") is None

@@ -273,43 +273,25 @@ def test_non_json_extra_refused_before_commit(tmp_path: Path) -> None:
     assert not store.has_manifest("run1", 0, "rollouts")
 
 
-def test_own_write_hands_on_the_committed_batch_only(store_root: str) -> None:
-    """A Store object hands on the batch it committed itself (same table and trajectories), never a
-    batch another writer committed, a quarantined one, or one whose manifest changed; a plain read
-    still goes to storage and checks the bytes."""
-    writer = Store(store_root)
+def test_listings_name_iterations_and_committed_items_only(store_root: str) -> None:
+    store = Store(store_root)
+    assert store.iterations("run1") == [] and store.committed_names("run1", 0, "rollouts") == []
     batch = factory.make_batch(4)
-    manifest = writer.write_trajectories("run1", 0, "rollouts", batch, **W)
-    held = writer.own_write("run1", 0, "rollouts")
-    assert held is not None and held.manifest == manifest and list(held.trajectories) == batch
-    assert held.table.equals(writer.read_table("run1", 0, "rollouts")[0])
-    assert Store(store_root).own_write("run1", 0, "rollouts") is None  # another Store object: read it
-    assert writer.own_write("run1", 1, "rollouts") is None  # nothing written there
-
-    # A retry that finds the batch committed (here by another writer) holds nothing of its own.
-    retry = Store(store_root)
-    assert retry.write_trajectories("run1", 0, "rollouts", factory.make_batch(4, seed=9), **W) == manifest
-    assert retry.own_write("run1", 0, "rollouts") is None
-
-    # Tampered bytes: the writer's memory is what it wrote; a reader from storage sees the damage.
-    path = f"{writer._root}/run1/iter_000000/rollouts/{manifest.objects[0].name}"
-    writer.fs.pipe_file(path, b"not parquet")
-    with pytest.raises(ChecksumError):
-        writer.read_trajectories("run1", 0, "rollouts")
-
-    # Quarantined, or the key re-committed with other objects: no longer handed on.
-    writer.quarantine("run1", 0, "rollouts", "trajectories", {"success": False})
-    assert writer.own_write("run1", 0, "rollouts") is None
-    writer.write_trajectories("run1", 1, "rollouts", batch, **W)
-    other = Store(store_root)
-    other.fs.rm(f"{writer._root}/run1/iter_000001/rollouts/trajectories.manifest.json")
-    other.write_trajectories("run1", 1, "rollouts", factory.make_batch(3, seed=5), **W)
-    assert writer.own_write("run1", 1, "rollouts") is None
+    store.write_trajectories("run1", 0, "rollouts", batch, **W, name="w-a-000000")
+    store.write_trajectories("run1", 2, "rollouts", batch, **W)
+    store.write_json("run1", 2, "summary", "summary", {"x": 1}, producer="test")
+    store.upload_dir(_checkpoint_folder(store_root), "run1/checkpoints/step_000001", marker=None)
+    store._put_bytes("run1/iter_000002/rollouts/w-b-000000-0123456789abcdef.parquet", b"orphan")  # no manifest
+    assert store.iterations("run1") == [0, 2]  # not checkpoints/ or anything else in the run folder
+    assert store.committed_names("run1", 0, "rollouts") == ["w-a-000000"]
+    assert store.committed_names("run1", 2, "rollouts") == ["trajectories"]
+    assert store.committed_names("run1", 1, "rollouts") == []
 
 
-def test_own_write_remembers_only_the_newest_batches(tmp_path: Path) -> None:
-    store = Store(str(tmp_path))
-    for k in range(4):
-        store.write_trajectories("run1", k, "rollouts", factory.make_batch(2), **W)
-    held = [store.own_write("run1", k, "rollouts") is not None for k in range(4)]
-    assert held == [False, False, True, True]
+def _checkpoint_folder(store_root: str) -> Path:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp()) / "step"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder

@@ -1,7 +1,7 @@
 """The Echo-Trap guard through the real training flow (Prefect test harness, tiny model, CPU).
 
 Both tests run the ``collapse-grpo`` preset at TINY_RUN size. A real collapse needs the full warm
-start and ~2 minutes of CPU (measured in bench/echo_trap.py), too slow and too seed-dependent for
+start and minutes of CPU (bench/echo_trap.py), too slow and too seed-dependent for
 CI, so the detector is FORCED here through ``guard.rules``: one rule (``format_error_rise``) is
 pointed at the ``iteration`` counter with every other rule off. With ``warmup: 2`` its early level
 is the mean of the first two iterations since the start (or the last rollback), so it fires exactly
@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from ragen_tasks import pipeline
 from ragen_tasks.training import checkpoint as ckpt
-from tests.flows.conftest import TINY_RUN
+from tests.conftest import TINY_RUN
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
 

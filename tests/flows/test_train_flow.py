@@ -16,7 +16,7 @@ import torch
 
 from ragen_tasks import pipeline
 from ragen_tasks.training import checkpoint as ckpt
-from tests.flows.conftest import TINY_RUN
+from tests.conftest import TINY_RUN
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
 
@@ -79,10 +79,10 @@ def test_two_iterations_then_resume(tmp_path: Path) -> None:
 def test_crash_mid_iteration_then_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_update = pipeline.update
 
-    def crash_in_iteration_1(run: pipeline.Run, iteration: int) -> dict[str, Any]:
+    def crash_in_iteration_1(run: pipeline.Run, iteration: int, *handoff: Any) -> dict[str, Any]:
         if iteration == 1:
             raise RuntimeError("injected crash in update")
-        return real_update(run, iteration)
+        return real_update(run, iteration, *handoff)
 
     monkeypatch.setattr(pipeline, "update", crash_in_iteration_1)  # every attempt (and the retry) fails
     with pytest.raises(RuntimeError, match="injected crash"):
@@ -113,8 +113,7 @@ def test_in_memory_trainer_handoff_equals_reloading_the_checkpoint(
         return load_file(str(path / "model.safetensors")), torch.load(path / "optim_actor.pt", weights_only=True)
 
     _train(tmp_path, "handoff", 3)
-    monkeypatch.setattr(pipeline, "_keep_trainer", lambda run, trainer, step: None)  # every update reloads
-    pipeline._SAVED_TRAINER.clear()
+    monkeypatch.setattr(pipeline.TrainerHandoff, "keep", lambda self, run, trainer, step: None)  # every update reloads
     _train(tmp_path, "reload", 3)
     (weights_a, optim_a), (weights_b, optim_b) = final_state("handoff"), final_state("reload")
     assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)

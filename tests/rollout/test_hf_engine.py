@@ -12,7 +12,7 @@ from ragen_tasks.rollout.hf_engine import HFEngine, filter_logits
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """One torch thread: on a shared 2-core box two OpenMP threads spin against each other (~10x slower)."""
+    """One torch thread: on a shared 2-core box two OpenMP threads spin against each other."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

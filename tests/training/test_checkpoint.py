@@ -8,7 +8,7 @@ import torch
 from ragen_tasks.training import checkpoint as ckpt
 from ragen_tasks.training.backend import make_optimizer
 from ragen_tasks.training.critic import make_critic
-from ragen_tasks.training.resume_harness import tiny_actor
+from tests.training._models import tiny_actor
 
 
 def _train_one_step(model, opt):

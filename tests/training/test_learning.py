@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.synthetic import trajectory
 from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.training.backend import make_optimizer, make_train_model
 from ragen_tasks.training.critic import token_logprobs
-from ragen_tasks.training.resume_harness import tiny_actor
 from ragen_tasks.training.update import ppo_update
+from tests.training._models import tiny_actor
 
 VOCAB, TARGET, RESP = 16, 5, 4
 
@@ -31,29 +32,19 @@ def _sample(actor, groups: int, group_size: int, gen: torch.Generator) -> list[T
     for i in range(ids.shape[0]):
         r = float((ids[i, 3:] == TARGET).float().mean())
         out.append(
-            Trajectory(
+            trajectory(
+                ids[i].tolist(),
+                [0] * 3 + [1] * RESP,
+                [3],
+                [3 + RESP],
+                [r],
+                prompt_length=3,
                 traj_id=str(i),
                 env_name="toy",
                 seed=i // group_size,
                 group_id=i // group_size,
-                policy_version=0,
-                weights_fingerprint="",
-                input_ids=ids[i].tolist(),
-                response_mask=[0] * 3 + [1] * RESP,
-                loss_mask=[0] * 3 + [1] * RESP,
                 rollout_logprobs=[0.0] * 3 + logp[i, 3:].tolist(),
-                turn_starts=[3],
-                turn_ends=[3 + RESP],
-                turn_rewards=[r],
-                turn_actions=[[]],
-                turn_format_ok=[True],
-                turn_think=[""],
-                turn_responses=[""],
-                turn_observations=[""],
-                reward=r,
                 success=r == 1.0,
-                status="terminated",
-                prompt_length=3,
             )
         )
     return out

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.data.token_batch import collate
 from ragen_tasks.training.backend import make_optimizer, make_train_model
 from ragen_tasks.training.critic import make_critic, make_reference
-from ragen_tasks.training.resume_harness import synthetic_trajectories, tiny_actor
 from ragen_tasks.training.update import NonFiniteUpdateError, ppo_update
+from tests.training._models import tiny_actor
 
 
 def _setup(algo: AlgoConfig, optim: OptimConfig, *, critic: bool):
@@ -227,3 +228,12 @@ def test_token_logprobs_at_wanted_positions_equal_the_full_pass_with_the_same_gr
         torch.testing.assert_close(g_part, g_full, rtol=1e-5, atol=1e-6)
     nothing = token_logprobs(actor, ids, attention, positions=torch.zeros_like(wanted))[0]
     assert (nothing == 0).all()
+
+
+def test_every_configured_advantage_estimator_is_registered() -> None:
+    from typing import get_args
+
+    from ragen_tasks.training.update import ADVANTAGES
+
+    assert set(ADVANTAGES) == set(get_args(AlgoConfig.model_fields["advantage"].annotation))
+    assert [name for name, e in ADVANTAGES.items() if not e.model_free] == ["gae"]  # the one that needs a critic

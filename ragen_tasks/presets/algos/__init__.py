@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from ragen_tasks.config import AlgoConfig, OptimConfig
+from ragen_tasks.config import AlgoConfig, ConfigError, OptimConfig
 
 ALGO_PRESET_DIR = Path(__file__).parent
 _SECTIONS: dict[str, type[BaseModel]] = {"algo": AlgoConfig, "optim": OptimConfig}
@@ -27,18 +27,22 @@ def available_algo_presets() -> list[str]:
 def load_algo_preset(name: str) -> dict[str, Any]:
     """``name`` -> ``{"algo": {...}, "optim": {...}}`` overrides, validated against AlgoConfig / OptimConfig.
 
-    Raises ValueError listing the known presets for an unknown name, and naming the section for a
-    bad key or value.
+    The one reader of these files: training presets (``algo_preset: NAME``) and the guard's
+    ``starpo_s`` mitigation take their settings from here. Raises ConfigError listing the known
+    presets for an unknown name, and naming the section for a bad key or value.
     """
     path = ALGO_PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown algo preset {name!r}; known: {', '.join(available_algo_presets())}")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"unknown algo preset {name!r}; known: {', '.join(available_algo_presets())}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict) or set(data) - set(_SECTIONS):
-        raise ValueError(f"{path}: top-level keys must be among {sorted(_SECTIONS)}, got {sorted(data)}")
+        raise ConfigError(f"{path}: top-level keys must be among {sorted(_SECTIONS)}, got {sorted(data)}")
     for section, model in _SECTIONS.items():
         try:
             model.model_validate(data.get(section, {}))
-        except Exception as exc:  # pydantic ValidationError: name the file and the section
-            raise ValueError(f"{path}: section {section!r} is invalid: {exc}") from exc
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: section {section!r} is invalid: {exc}") from exc
     return {section: dict(data.get(section, {})) for section in _SECTIONS}

@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from ragen_tasks import async_rollout, pipeline
+from ragen_tasks import pipeline
+from ragen_tasks.pipeline import async_rollout
 from ragen_tasks.presets import load_config
-from tests.flows.conftest import TINY_RUN, prefect_api  # noqa: F401  (the fixture, for the process tests)
+from tests.conftest import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 ASYNC_RUN = {
@@ -90,7 +91,7 @@ def test_stale_and_forged_batches_are_rejected_and_never_trained_on(
         name="w-forged-000000",
     )
 
-    with caplog.at_level(logging.WARNING, logger="ragen_tasks.async_rollout"):
+    with caplog.at_level(logging.WARNING, logger="ragen_tasks.pipeline.async_rollout"):
         second = _train_iteration(run, 1)
     ledger1, _ = run.store.read_json(run.run_id, 1, "summary", "async")
     reasons = {d["item"]: d["reason"] for d in ledger1["decisions"]}
@@ -127,7 +128,7 @@ def test_no_fresh_batch_is_a_bounded_wait_naming_max_staleness(
     )
     t0 = time.monotonic()
     with (
-        caplog.at_level(logging.WARNING, logger="ragen_tasks.async_rollout"),
+        caplog.at_level(logging.WARNING, logger="ragen_tasks.pipeline.async_rollout"),
         pytest.raises(TimeoutError, match=r"freshness\.max_staleness=0"),
     ):
         async_rollout.consume_batch(run, 0)

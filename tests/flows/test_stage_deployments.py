@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ragen_tasks import pipeline
-from tests.flows.conftest import TINY_RUN, prefect_api  # noqa: F401  (the fixture)
+from tests.conftest import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "stage-test-process"
@@ -99,7 +99,7 @@ def test_rollout_stage_runs_as_a_deployment_on_a_process_worker(tmp_path: Path) 
 
         @flow(name="stage-deployment-test")
         def trainer_side() -> dict[str, object]:
-            return stages.rollout_via_deployment(run, 0)  # only the run URI + iteration cross over
+            return stages.rollout_via_deployment(run.uri, 0)  # only the run URI + iteration cross over
 
         rolled = trainer_side()
     except Exception:

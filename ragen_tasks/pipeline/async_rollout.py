@@ -1,14 +1,14 @@
 """Async rollouts: workers sample continuously against the newest checkpoint; the trainer consumes
 only batches that pass the freshness check. Library side only (no Prefect); the flows in
-``flows/rollout_worker.py`` and ``flows/train.py`` wrap it.
+``flows/rollout_worker.py`` and ``flows/stages.py`` wrap it.
 
 Worker loop (:func:`run_worker`)::
 
     newest committed checkpoint v  ->  roll out one batch of full groups with policy version v
     ->  commit iter_{v}/rollouts/w-{worker}-{seq}  (stamped with v and the weights fingerprint)
 
-Each worker writes only its own item names (``w-{worker}-{seq:06d}``) and manifests are create-only,
-so two workers never collide, and a worker killed mid-batch leaves nothing committed half-way (its
+Each worker writes only its own item names (``w-{worker}-{seq:06d}``: ``data.keys.worker_item``) and
+manifests are create-only, so two workers never collide, and a worker killed mid-batch leaves nothing committed half-way (its
 data objects are orphans no manifest names). A worker commits at most ``async_batches_per_version``
 batches per policy version, then waits for a newer checkpoint; it stops after ``max_batches``, when
 the run's last iteration is committed, or after ``async_wait_timeout_s`` without a new
@@ -26,71 +26,50 @@ re-copies the same batch (idempotent). If no fresh batch arrives the trainer war
 ``freshness.max_staleness`` (the deadlock where the bound is tighter than a checkpoint's publish
 latency plus a rollout).
 
-Discovery lists ``iter_*/rollouts/*.manifest.json``; every candidate is then read through its
-manifest (checksums checked), so a listing never makes uncommitted data visible.
+Discovery lists ``iter_*/rollouts/*.manifest.json`` (``Store.iterations``, ``Store.committed_names``);
+every candidate is then read through its manifest (checksums checked), so a listing never makes
+uncommitted data visible.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ragen_tasks import pipeline
 from ragen_tasks.data.freshness import check_freshness, freshness_report
-from ragen_tasks.data.keys import check_part
+from ragen_tasks.data.keys import check_part, parse_worker_item, worker_item
 from ragen_tasks.data.manifest import ManifestError
 from ragen_tasks.data.trajectory import Trajectory
-from ragen_tasks.rollout.loop import make_group_tasks
+from ragen_tasks.pipeline.lineage import policy_step, trusted_fingerprints
+from ragen_tasks.pipeline.policy import play_checkpoint
+from ragen_tasks.pipeline.run import PRODUCER, Run, open_existing_run
+from ragen_tasks.rollout.loop import RolloutTask, make_group_tasks
 from ragen_tasks.training import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
 
-ITEM_PREFIX = "w-"
 LEDGER_STAGE, LEDGER_NAME = "summary", "async"
 CONSUMED_NAME = "trajectories"  # the trainer's copy in iter_k/rollouts: what filter_and_validate reads
-_ITEM_RE = re.compile(r"^w-(?P<worker>[A-Za-z0-9._-]+)-(?P<seq>\d{6})$")
-_ITER_RE = re.compile(r"^iter_(\d{6})$")
 
 
-# ----------------------------------------------------------------------------------- names, discovery
-def item_name(worker: str, seq: int) -> str:
-    """Store item name of batch ``seq`` of ``worker`` (``w-{worker}-{seq:06d}``)."""
-    check_part(worker, "worker")
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= 999_999:
-        raise ValueError(f"seq={seq!r} must be an int in [0, 999999]")
-    return check_part(f"{ITEM_PREFIX}{worker}-{seq:06d}", "worker item")
+# ----------------------------------------------------------------------------------- discovery
+def list_worker_items(run: Run) -> list[tuple[int, str]]:
+    """``(policy_version, name)`` of every committed worker batch of the run (listing manifests)."""
+    store, rid = run.store, run.run_id
+    return sorted(
+        (version, name)
+        for version in store.iterations(rid)
+        for name in store.committed_names(rid, version, "rollouts")
+        if parse_worker_item(name) is not None
+    )
 
 
-def list_worker_items(run: pipeline.Run) -> list[tuple[int, str]]:
-    """``(policy_version, item_name)`` of every committed worker batch of the run (listing manifests)."""
-    fs, base = run.store.fs, run.store.uri(run.run_id)
-    if not fs.exists(base):
-        return []
-    found: list[tuple[int, str]] = []
-    for entry in fs.ls(base, detail=False):
-        match = _ITER_RE.match(str(entry).rstrip("/").rsplit("/", 1)[-1])
-        if match is None:
-            continue
-        version = int(match.group(1))
-        folder = run.store.uri(run.run_id, version, "rollouts")
-        if not fs.exists(folder):
-            continue
-        for path in fs.ls(folder, detail=False):
-            base_name = str(path).rsplit("/", 1)[-1]
-            if base_name.endswith(".manifest.json"):
-                name = base_name.removesuffix(".manifest.json")
-                if _ITEM_RE.match(name):
-                    found.append((version, name))
-    return sorted(found)
-
-
-def newest_checkpoint(run: pipeline.Run) -> int | None:
+def newest_checkpoint(run: Run) -> int | None:
     """Step of the newest committed checkpoint (the store's on s3://, the run folder's locally)."""
     if run.is_local:
         info = ckpt.latest_checkpoint(run.checkpoint_root)
@@ -99,10 +78,10 @@ def newest_checkpoint(run: pipeline.Run) -> int | None:
     return steps[-1] if steps else None
 
 
-def worker_tasks(run: pipeline.Run, worker: str, seq: int) -> list[Any]:
+def worker_tasks(run: Run, worker: str, seq: int) -> list[RolloutTask]:
     """The full groups of one worker batch: a deterministic stream per (worker, seq), ids prefixed by
     the item name so every trajectory of the run stays traceable to the batch that produced it."""
-    config, name = run.config, item_name(worker, seq)
+    config, name = run.config, worker_item(worker, seq)
     stream = int(hashlib.sha256(name.encode()).hexdigest()[:12], 16)  # not hash(): same on every pod
     tasks = make_group_tasks(
         config.envs,
@@ -123,12 +102,12 @@ def wait_for_run(
     poll_s: float,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> pipeline.Run:
+) -> Run:
     """The run at ``run_uri`` once its trainer has committed the config (bounded wait)."""
     start = clock()
     while True:
         try:
-            return pipeline.open_existing_run(run_uri)
+            return open_existing_run(run_uri)
         except FileNotFoundError:
             if clock() - start > timeout_s:
                 raise TimeoutError(
@@ -159,7 +138,7 @@ def run_worker(
     )
     cfg = run.config.rollout
     idle_timeout = cfg.async_wait_timeout_s if idle_timeout_s is None else idle_timeout_s
-    mine = [(v, n) for v, n in list_worker_items(run) if (m := _ITEM_RE.match(n)) and m.group("worker") == worker]
+    mine = [(v, n) for v, n in list_worker_items(run) if (parsed := parse_worker_item(n)) and parsed[0] == worker]
     per_version = Counter(v for v, _ in mine)
     seq = len(mine)  # a restarted worker continues its numbering; nothing committed is rewritten
     committed: list[str] = []
@@ -189,11 +168,11 @@ def run_worker(
     return {"worker": worker, "batches": committed, "stopped": stopped}
 
 
-def _roll_one(run: pipeline.Run, worker: str, seq: int, version: int) -> str:
-    config, name = run.config, item_name(worker, seq)
+def _roll_one(run: Run, worker: str, seq: int, version: int) -> str:
+    config, name = run.config, worker_item(worker, seq)
     path = run.checkpoint_path(version)
     fp = str(ckpt.verify_checkpoint(path)["fingerprint"])
-    trajectories = pipeline.play_checkpoint(
+    trajectories = play_checkpoint(
         config,
         path,
         worker_tasks(run, worker, seq),
@@ -218,7 +197,7 @@ def _roll_one(run: pipeline.Run, worker: str, seq: int, version: int) -> str:
 
 
 # ----------------------------------------------------------------------------------- trainer
-def decided_items(run: pipeline.Run, before: int) -> set[str]:
+def decided_items(run: Run, before: int) -> set[str]:
     """Worker items consumed or rejected by the ledgers of iterations ``< before``."""
     out: set[str] = set()
     for k in range(before):
@@ -229,7 +208,7 @@ def decided_items(run: pipeline.Run, before: int) -> set[str]:
 
 
 def consume_batch(
-    run: pipeline.Run,
+    run: Run,
     iteration: int,
     *,
     sleep: Callable[[float], None] = time.sleep,
@@ -250,8 +229,8 @@ def consume_batch(
             LEDGER_STAGE,
             LEDGER_NAME,
             ledger,
-            producer=pipeline.PRODUCER,
-            policy_version=pipeline.policy_step(run, iteration),
+            producer=PRODUCER,
+            policy_version=policy_step(run, iteration),
         )
     ledger, _ = store.read_json(rid, iteration, LEDGER_STAGE, LEDGER_NAME)  # the first committed one wins
     if not store.has_manifest(rid, iteration, "rollouts", CONSUMED_NAME):
@@ -262,7 +241,7 @@ def consume_batch(
             iteration,
             "rollouts",
             trajectories,
-            producer=pipeline.PRODUCER,
+            producer=PRODUCER,
             policy_version=manifest.policy_version,
             weights_fingerprint=manifest.weights_fingerprint,
             extra={"consumed": chosen["item"], "consumed_version": chosen["version"]},
@@ -273,11 +252,11 @@ def consume_batch(
 
 
 def _choose_batch(
-    run: pipeline.Run, iteration: int, *, sleep: Callable[[float], None], clock: Callable[[], float]
+    run: Run, iteration: int, *, sleep: Callable[[float], None], clock: Callable[[], float]
 ) -> dict[str, Any]:
     cfg, staleness = run.config.rollout, run.config.freshness.max_staleness
-    current = pipeline.policy_step(run, iteration)  # the trainer's policy version (checkpoint step)
-    known = pipeline.trusted_fingerprints(run, iteration, staleness)  # lineage only: never a rolled-back step
+    current = policy_step(run, iteration)  # the trainer's policy version (checkpoint step)
+    known = trusted_fingerprints(run, iteration, staleness)  # lineage only: never a rolled-back step
     decided = decided_items(run, iteration)
     decisions: list[dict[str, Any]] = []
     rejected: list[Trajectory] = []
@@ -362,7 +341,7 @@ def _ledger(
     }  # NaN (empty set) -> null
 
 
-def staleness_distribution(run: pipeline.Run) -> dict[str, dict[int, int]]:
+def staleness_distribution(run: Run) -> dict[str, dict[int, int]]:
     """Lag histograms over the whole run: ``{"consumed": {lag: batches}, "rejected": {lag: batches}}``."""
     consumed: Counter[int] = Counter()
     rejected: Counter[int] = Counter()

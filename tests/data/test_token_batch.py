@@ -6,9 +6,9 @@ import pyarrow as pa
 import pytest
 import torch
 
+from ragen_tasks.data.synthetic import synthetic_trajectories
 from ragen_tasks.data.token_batch import collate, collate_table
 from ragen_tasks.data.trajectory import to_table
-from ragen_tasks.training.resume_harness import synthetic_trajectories
 
 
 def test_collate_pads_right_and_keeps_masks():

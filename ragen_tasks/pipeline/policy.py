@@ -1,0 +1,80 @@
+"""A committed policy at work: rollouts with the policy in a checkpoint folder, and its held-out
+evaluation (deterministic given the seeds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ragen_tasks.config import EnvSpec, TrainConfig
+from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.evaluation import aggregate
+from ragen_tasks.models.loading import load_policy
+from ragen_tasks.rollout.engine import SamplingParams
+from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, run_rollouts
+from ragen_tasks.rollout.registry import make_engine
+from ragen_tasks.training import checkpoint as ckpt
+
+
+def _sampling(config: TrainConfig, *, temperature: float, seed: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=config.agent.max_tokens_per_turn,
+        temperature=temperature,
+        top_p=config.rollout.top_p,
+        top_k=config.rollout.top_k,
+        seed=seed,
+    )
+
+
+def play_checkpoint(
+    config: TrainConfig,
+    path: Path,
+    tasks: list[RolloutTask],
+    *,
+    temperature: float,
+    seed: int,
+    policy_version: int,
+    weights_fingerprint: str,
+) -> list[Trajectory]:
+    """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``)."""
+    model, tokenizer = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
+    engine = make_engine(config.rollout.engine, model=model, tokenizer=tokenizer, **config.rollout.engine_options)
+    return run_rollouts(
+        engine,
+        tokenizer,
+        tasks,
+        agent=config.agent,
+        sampling=_sampling(config, temperature=temperature, seed=seed),
+        policy_version=policy_version,
+        weights_fingerprint=weights_fingerprint,
+    )
+
+
+def evaluate_checkpoint(
+    config: TrainConfig,
+    path: Path,
+    *,
+    seeds: int | None = None,
+    seed_offset: int | None = None,
+    env_names: list[str] | None = None,
+) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+    """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
+    a name not in the mixture is evaluated with its default config). Deterministic given the seeds."""
+    by_name = {s.name: s for s in config.envs}
+    specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
+    offset = config.eval.seed_offset if seed_offset is None else seed_offset
+    tasks = make_eval_tasks(specs, seeds or config.eval.seeds, offset)
+    verified = ckpt.verify_checkpoint(Path(path)) if (Path(path) / ckpt.MARKER).exists() else {}
+    # The sampling noise follows the seeds too: two blocks of held-out seeds get independent samples.
+    sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
+    trajectories = play_checkpoint(
+        config,
+        Path(path),
+        tasks,
+        temperature=config.eval.temperature,
+        seed=sampling_seed,
+        policy_version=int(verified.get("policy_version", 0)),
+        weights_fingerprint=str(verified.get("fingerprint", "")),
+    )
+    return aggregate(trajectories), trajectories

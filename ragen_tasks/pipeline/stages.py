@@ -1,0 +1,383 @@
+"""The StarPO stages as library functions: what the Prefect tasks in ``flows/`` call.
+
+Each stage reads its inputs from the store, commits its outputs there (data first, manifest last)
+and returns a small JSON-able summary. Each is idempotent: run again for the same iteration, it
+finds its committed output and returns at once, so a retried task or a re-run flow never redoes
+or duplicates work.
+
+Per iteration ``k`` (``s = policy_step(k)``, see ``lineage``)::
+
+    generate_tasks(k)      -> iter_k/tasks/tasks.json
+    rollout(k)             -> iter_k/rollouts/   (trajectories sampled by policy step s)
+    filter_and_validate(k) -> iter_k/batch/      (GX-validated, fresh, uncertainty-filtered)
+    update(k)              -> checkpoints/step_{s+1}
+    rollback(k)            -> checkpoints/step_{s+2}, a healthy step's exact state (guard rollback only)
+    evaluate(k)            -> iter_k/eval/eval.json       (every eval.every iterations and the last)
+    record_iteration(k)    -> iter_k/summary/summary.json (the iteration's commit: resume starts after it)
+
+``iteration_row`` assembles what ``record_iteration`` commits; ``stop_record`` is what a run the
+Echo-Trap guard stopped hands on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
+from ragen_tasks.config import TrainConfig
+from ragen_tasks.data.freshness import freshness_report
+from ragen_tasks.data.token_batch import collate_table
+from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.guard import GuardDecision
+from ragen_tasks.models.presets import PRESETS
+from ragen_tasks.pipeline.lineage import fingerprint, policy_step, trusted_fingerprints
+from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
+from ragen_tasks.pipeline.run import PRODUCER, Run
+from ragen_tasks.pipeline.trainer import (
+    TrainerHandoff,
+    build_trainer,
+    load_trainer,
+    republish,
+    save_trainer,
+    step_missing,
+    warm_started_policy,
+)
+from ragen_tasks.rollout.loop import RolloutTask, make_group_tasks
+from ragen_tasks.training.critic import make_reference
+from ragen_tasks.training.update import ppo_update
+from ragen_tasks.validation.batch import BatchLimits, validate_stored_batch
+
+log = logging.getLogger(__name__)
+
+
+def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
+    """Create (or resume) the run: config recorded, initial policy committed as checkpoint step 0.
+
+    Returns ``{"run_id", "start_iteration", "warm_start"}``. The initial policy is the model of
+    ``config.model``; for the built-in presets (random init) the warm start runs first when enabled.
+    """
+    config = run.config
+    run.store.write_json(run.run_id, 0, "summary", "config", config.model_dump(mode="json"), producer=PRODUCER)
+    stored_config, _ = run.store.read_json(run.run_id, 0, "summary", "config")  # the first start's, on a resume
+    _check_same_config(stored_config, config.model_dump(mode="json"), run.uri)
+    if step_missing(run, 0):
+        source: str | Path = config.model.name_or_path
+        warm: dict[str, Any] = {}
+        if config.warm_start.enabled and config.model.name_or_path in PRESETS:
+            source, warm = warm_started_policy(run, progress=progress)
+        # Its record first: a retry after a crash before the checkpoint commit finds the cached warm start.
+        run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
+        save_trainer(run, build_trainer(config, source), 0)
+    else:
+        republish(run, 0)
+    warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
+    initial_eval(run)  # before RL (after the warm start): what summary.json compares the final policy with
+    done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
+    return {"run_id": run.run_id, "start_iteration": 0 if done is None else done + 1, "warm_start": warm}
+
+
+def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """Resuming with another config would silently mix two experiments: refuse, naming the keys.
+    ``iterations`` may grow (extend a finished run)."""
+    diffs = sorted(
+        k for k in set(stored) | set(current) if k not in ("iterations", "preset") and stored.get(k) != current.get(k)
+    )
+    if diffs:
+        raise ValueError(
+            f"run {where} already exists with a different config (differs in: {', '.join(diffs)}); "
+            "use a new run id, or the same settings to resume"
+        )
+
+
+def initial_eval(run: Run) -> dict[str, Any]:
+    """Held-out evaluation of policy version 0, committed once (checkpoint 0 is pruned later)."""
+    return evaluate(run, 0, 0, name="initial")
+
+
+def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
+    """Task generation: ``groups`` initial states x ``group_size`` rollouts (task diversity knob)."""
+    config = run.config
+    t0 = time.perf_counter()
+    if not run.store.has_manifest(run.run_id, iteration, "tasks", "tasks"):
+        tasks = make_group_tasks(
+            config.envs,
+            config.rollout.groups,
+            config.rollout.group_size,
+            config.seed,
+            iteration,
+            seed_space=config.eval.seed_offset,
+        )
+        run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER)
+    tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
+    return {
+        "uri": run.store.uri(run.run_id, iteration, "tasks", "tasks"),
+        "tasks": len(tasks_json),
+        "timing/generate_tasks_s": time.perf_counter() - t0,
+    }
+
+
+def rollout(run: Run, iteration: int) -> dict[str, Any]:
+    """Roll out the iteration's tasks with policy step ``policy_step(run, iteration)``; commit them."""
+    t0 = time.perf_counter()
+    compute_s = 0.0
+    if not run.store.has_manifest(run.run_id, iteration, "rollouts"):
+        step = policy_step(run, iteration)
+        tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")
+        tasks = [RolloutTask(**t) for t in tasks_json]
+        t_play = time.perf_counter()
+        trajectories = play_checkpoint(
+            run.config,
+            run.checkpoint_path(step),
+            tasks,
+            temperature=run.config.rollout.temperature,
+            seed=run.config.seed * 1_000_003 + iteration,
+            policy_version=step,
+            weights_fingerprint=fingerprint(run, step),
+        )
+        compute_s = time.perf_counter() - t_play
+        run.store.write_trajectories(
+            run.run_id,
+            iteration,
+            "rollouts",
+            trajectories,
+            producer=PRODUCER,
+            policy_version=step,
+            weights_fingerprint=fingerprint(run, step),
+        )
+    manifest = run.store.read_manifest(run.run_id, iteration, "rollouts")
+    return {
+        "uri": run.store.uri(run.run_id, iteration, "rollouts", "trajectories"),
+        "trajectories": manifest.objects[0].rows,
+        "policy_step": manifest.policy_version,
+        "timing/rollout_s": time.perf_counter() - t0,  # the whole stage (store I/O included)
+        "timing/rollout_compute_s": compute_s,  # model load + the multi-turn rollout
+    }
+
+
+def batch_limits(config: TrainConfig) -> BatchLimits:
+    """What a rollout batch must satisfy before it may be trained on."""
+    agent = config.agent
+    return BatchLimits(
+        reward_min=config.store.reward_min,
+        reward_max=config.store.reward_max,
+        max_tokens=agent.max_context_tokens + agent.max_tokens_per_turn,
+        max_turns=agent.max_turns,
+    )
+
+
+def filter_and_validate(run: Run, iteration: int, *, current_version: int | None = None) -> dict[str, Any]:
+    """Great Expectations validation, freshness check, uncertainty-based filtering -> training batch.
+
+    ``current_version`` is the trainer's policy version (default ``policy_step(run, iteration)``:
+    on-policy). Returns health metrics of the whole rollout batch and the filter's metrics.
+    """
+    config = run.config
+    version = policy_step(run, iteration) if current_version is None else current_version
+    t0 = time.perf_counter()
+    if run.store.has_manifest(run.run_id, iteration, "batch", "summary"):  # written last: the stage is done
+        summary, _ = run.store.read_json(run.run_id, iteration, "batch", "summary")
+        return dict(summary)
+    trajectories, manifest = validate_stored_batch(
+        run.store, run.run_id, iteration, "rollouts", limits=batch_limits(config)
+    )
+    known = trusted_fingerprints(run, iteration, config.freshness.max_staleness)
+    fresh = freshness_report(trajectories, version, known, config.freshness.max_staleness)
+    metrics: dict[str, Any] = {**rollout_health_from_trajectories(trajectories), **fresh.metrics()}
+    kept: list[Trajectory] = []
+    if fresh.accepted:
+        rewards = torch.tensor([t.reward for t in fresh.accepted], dtype=torch.float32)  # (N,)
+        group_ids = torch.tensor([t.group_id for t in fresh.accepted], dtype=torch.long)  # (N,)
+        keep, filter_metrics = filter_groups(rewards, group_ids, config.algo.filter_keep_ratio, config.algo.filter_mode)
+        kept = [fresh.accepted[i] for i in keep.tolist()]
+        metrics.update({k: float(v) for k, v in filter_metrics.items()})
+    metrics["batch/kept_trajectories"] = float(len(kept))
+    # The batch first (idempotent on retry), the summary last: its manifest marks the stage as done.
+    run.store.write_trajectories(
+        run.run_id,
+        iteration,
+        "batch",
+        kept,
+        producer=PRODUCER,
+        policy_version=manifest.policy_version,
+        weights_fingerprint=manifest.weights_fingerprint,
+    )
+    metrics["timing/filter_s"] = time.perf_counter() - t0  # read + GX + freshness + filter + batch write
+    summary = _json_floats(metrics)
+    run.store.write_json(run.run_id, iteration, "batch", "summary", summary, producer=PRODUCER, policy_version=version)
+    return summary
+
+
+def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> dict[str, Any]:
+    """One StarPO update on the iteration's batch: policy step ``s = policy_step(run, iteration)`` ->
+    ``s + 1`` (always the newest step: steps only grow). ``handoff``: where the previous update of
+    this process left its trainer (None: load it from the checkpoint)."""
+    config = run.config
+    t0 = time.perf_counter()
+    step = policy_step(run, iteration)
+    new_step = step + 1
+    if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
+        stored, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
+        return dict(stored)
+    metrics: dict[str, Any] = {}
+    if not step_missing(run, new_step):  # a retry after the checkpoint committed but before the metrics did
+        republish(run, new_step)
+    else:
+        trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
+        batch, _ = run.store.read_table(run.run_id, iteration, "batch")
+        if batch.num_rows:
+            pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
+            ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
+            device = next(trainer.actor_module.parameters()).device
+            metrics = ppo_update(
+                collate_table(batch, pad_id=pad_id).to(device),
+                actor=trainer.train_models["actor"],
+                algo=config.algo,
+                optim=config.optim,
+                generator=trainer.generator,
+                critic=trainer.train_models.get("critic"),
+                ref_model=ref,
+            )
+        else:
+            log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
+            metrics = {"batch/trajectories": 0.0}
+        save_trainer(run, trainer, new_step)
+        if handoff is not None:
+            handoff.keep(run, trainer, new_step)
+    metrics["checkpoint/step"] = float(new_step)
+    metrics["timing/update_stage_s"] = time.perf_counter() - t0  # checkpoint load/save + ppo_update (timing/update_s)
+    finite = _json_floats(metrics)
+    run.store.write_json(
+        run.run_id,
+        iteration,
+        "update",
+        "metrics",
+        finite,
+        producer=PRODUCER,
+        policy_version=new_step,
+        weights_fingerprint=fingerprint(run, new_step),
+    )
+    return finite
+
+
+def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
+    """Commit checkpoint ``new_step`` holding checkpoint ``to_step``'s exact weights, optimizer and
+    RNG state (the guard's rollback), so the next iteration continues from the healthy policy."""
+    if not run.store.has_manifest(run.run_id, iteration, "update", "rollback"):
+        if step_missing(run, new_step):
+            save_trainer(run, load_trainer(run, to_step), new_step)
+        else:
+            republish(run, new_step)
+        run.store.write_json(
+            run.run_id,
+            iteration,
+            "update",
+            "rollback",
+            {"to_step": to_step, "new_step": new_step, "fingerprint": fingerprint(run, new_step)},
+            producer=PRODUCER,
+            policy_version=new_step,
+        )
+    result, _ = run.store.read_json(run.run_id, iteration, "update", "rollback")
+    return dict(result)
+
+
+def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """Metrics as plain floats (None for non-numbers). NaN / inf are KEPT: the store's JSON keeps
+    them (Python's json reads NaN and Infinity back) and the Echo-Trap guard must see a non-finite
+    gradient norm; displays sanitise them."""
+    return {k: (float(v) if isinstance(v, int | float) else None) for k, v in metrics.items()}
+
+
+def should_evaluate(config: TrainConfig, iteration: int) -> bool:
+    return (iteration + 1) % config.eval.every == 0 or iteration + 1 == config.iterations
+
+
+def evaluate_step(
+    run: Run, step: int, *, seeds: int | None = None, seed_offset: int | None = None, env_names: list[str] | None = None
+) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
+    """Held-out evaluation of policy version ``step`` of the run (deterministic given the seeds)."""
+    return evaluate_checkpoint(
+        run.config, run.checkpoint_path(step), seeds=seeds, seed_offset=seed_offset, env_names=env_names
+    )
+
+
+def evaluate(run: Run, iteration: int, step: int, *, name: str = "eval") -> dict[str, Any]:
+    """Held-out evaluation of checkpoint ``step`` (by default the policy the iteration hands on),
+    committed as ``iter_<iteration>/eval/<name>``; a retry or resume reads the committed result
+    instead of evaluating again."""
+    if not run.store.has_manifest(run.run_id, iteration, "eval", name):
+        per_env, _ = evaluate_step(run, step)
+        run.store.write_json(
+            run.run_id,
+            iteration,
+            "eval",
+            name,
+            {"envs": per_env, "policy_version": step},
+            producer=PRODUCER,
+            policy_version=step,
+        )
+    result, _ = run.store.read_json(run.run_id, iteration, "eval", name)
+    return dict(result)
+
+
+def flatten_eval(result: Mapping[str, Any]) -> dict[str, float]:
+    """An evaluation result as metric-row keys: ``eval/<env>/<metric>``."""
+    return {f"eval/{env}/{k}": float(v) for env, metrics in result.get("envs", {}).items() for k, v in metrics.items()}
+
+
+def iteration_row(
+    run: Run,
+    iteration: int,
+    *,
+    generated: Mapping[str, Any],
+    rolled: Mapping[str, Any],
+    batch: Mapping[str, Any],
+    updated: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The iteration's metric row from its stage summaries: the batch's health and the filter's
+    metrics, the update's metrics, the timings (and async ledger metrics) of task generation and
+    rollout, and the policy steps it sampled with (``policy/step``) and hands on (``policy/next_step``)."""
+    return {
+        "iteration": iteration,
+        **batch,
+        **updated,
+        **{k: v for k, v in {**generated, **rolled}.items() if k.startswith(("timing/", "async/"))},
+        "policy/step": policy_step(run, iteration),
+        "policy/next_step": int(updated["checkpoint/step"]),
+    }
+
+
+def stop_record(run: Run, iteration: int, decision: GuardDecision) -> dict[str, Any]:
+    """What a run the guard stopped hands on: where and why, and its last healthy checkpoint."""
+    healthy = decision.rollback_to
+    return {
+        "iteration": iteration,
+        "reason": decision.message,
+        "last_healthy_step": healthy,
+        "last_healthy_checkpoint": None if healthy is None else str(run.checkpoint_path(healthy)),
+    }
+
+
+def record_iteration(run: Run, iteration: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Commit the iteration's metrics row (it must hold ``policy/next_step``): from now on a resumed
+    run starts at ``iteration + 1`` with that policy."""
+    if "policy/next_step" not in row:
+        raise ValueError(
+            f"iteration {iteration}: the row must hold 'policy/next_step' (the policy the next iteration uses)"
+        )
+    run.store.write_json(
+        run.run_id,
+        iteration,
+        "summary",
+        "summary",
+        dict(row),
+        producer=PRODUCER,
+        policy_version=int(row["policy/next_step"]),
+    )
+    stored, _ = run.store.read_json(run.run_id, iteration, "summary", "summary")
+    return dict(stored)

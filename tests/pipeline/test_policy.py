@@ -1,0 +1,28 @@
+"""A checkpoint's held-out evaluation as a library call (no Prefect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ragen_tasks import pipeline
+from ragen_tasks.presets import load_config
+from tests.conftest import TINY_RUN
+
+
+def _run(tmp_path: Path, run_id: str, **extra: object) -> pipeline.Run:
+    config = load_config("bandit-tiny", {**TINY_RUN, "store.root": str(tmp_path / "runs"), **extra})
+    return pipeline.open_run(config, run_id)
+
+
+def test_held_out_evaluation_is_deterministic_per_seed_block_and_independent_across_blocks(tmp_path: Path) -> None:
+    fixed_lake = [{"name": "frozen_lake", "config": {"desc": ["SFF", "FHF", "FFG"]}}]  # every seed: the same board
+    run = _run(tmp_path, "eval-blocks", envs=fixed_lake, **{"eval.temperature": 1.0})
+    pipeline.init_run(run)
+    checkpoint = run.checkpoint_path(0)
+
+    def first_replies(offset: int) -> list[list[int]]:
+        _, trajectories = pipeline.evaluate_checkpoint(run.config, checkpoint, seeds=6, seed_offset=offset)
+        return [t.input_ids[t.turn_starts[0] : t.turn_ends[0]] for t in trajectories]
+
+    assert first_replies(5_000_000) == first_replies(5_000_000)
+    assert first_replies(5_000_000) != first_replies(7_000_000)  # another block draws other samples, not the same noise

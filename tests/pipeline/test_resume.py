@@ -1,0 +1,88 @@
+"""Resume equivalence of the production path with real SIGKILLs: the training flow run N iterations
+straight == run, killed, re-run with the same run id (bitwise: weights, critic, Adam moments, the
+shuffling RNG); a kill in the middle of a checkpoint save leaves the previous checkpoint loadable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ragen_tasks.training import checkpoint as ckpt
+
+pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).with_name("resume_harness.py")
+N = 3
+
+
+def _train(store: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),  # the test server: a killed run leaves no server behind
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, str(HARNESS), "--store", str(store), "--run-id", run_id, "--iterations", str(N)]
+    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _checkpoints(store: Path, run_id: str) -> Path:
+    return store / run_id / "checkpoints"
+
+
+def _state(path: Path) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], dict[str, Any]]:
+    from safetensors.torch import load_file
+
+    weights = {**load_file(str(path / "model.safetensors")), **load_file(str(path / "critic.safetensors"))}
+    opts = [torch.load(path / f"optim_{n}.pt", weights_only=True) for n in ("actor", "critic")]
+    return weights, opts, torch.load(path / "extra_state.pt", weights_only=True)
+
+
+def _assert_same(a: Any, b: Any) -> None:
+    wa, oa, ea = a
+    wb, ob, eb = b
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    for x, y in zip(oa, ob, strict=True):
+        assert x["state"].keys() == y["state"].keys()
+        for i in x["state"]:
+            for k, v in x["state"][i].items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(y["state"][i][k])), (i, k)
+    assert torch.equal(ea["generator"], eb["generator"])
+
+
+def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
+    straight = _train(tmp_path, "straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    reference = _state(ckpt.step_dir(_checkpoints(tmp_path, "straight"), N))
+
+    killed = _train(tmp_path, "killed", "--kill-after", "1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert ckpt.latest_checkpoint(_checkpoints(tmp_path, "killed")).step == 1  # type: ignore[union-attr]
+    resumed = _train(tmp_path, "killed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, "killed"), N)))
+
+    for point in ("write", "commit"):
+        run_id = f"in-save-{point}"
+        died = _train(tmp_path, run_id, "--kill-in-save", f"2:{point}")
+        assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
+        latest = ckpt.latest_checkpoint(_checkpoints(tmp_path, run_id))
+        assert latest is not None and latest.step == 1  # the half-written step 2 is not committed
+        ckpt.verify_checkpoint(latest.path)
+        if point == "commit":
+            with pytest.raises(ckpt.CheckpointError, match="not committed"):
+                ckpt.verify_checkpoint(ckpt.step_dir(_checkpoints(tmp_path, run_id), 2))
+        resumed = _train(tmp_path, run_id)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, run_id), N)))
