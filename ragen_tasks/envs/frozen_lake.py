@@ -204,8 +204,10 @@ class TurnPlanner:
     in order WITHOUT seeing the board in between (the episode may end midway), then it sees the
     board again. ``value[k, m, s]`` is the highest probability of reaching the goal from cell ``s``
     with ``k`` turns and ``m`` actions left; ``choice[k, m, s]`` indexes ``sequences``, the action
-    sequence of the current turn that achieves it (the shortest one among ties). This is the
-    ceiling of the game at that budget and the slip-aware demonstrator of the warm start.
+    sequence of the current turn that achieves it. Among sequences of equal value it takes the one
+    that reaches the goal in the fewest turns (expected turns on the successful paths; on ice that
+    does not slip: the shortest path, as many actions a turn as allowed), then the shortest. This
+    is the ceiling of the game at that budget and the slip-aware demonstrator of the warm start.
     """
 
     sequences: tuple[tuple[str, ...], ...]  # every action sequence of 1 .. max_actions_per_turn actions
@@ -263,21 +265,31 @@ def _turn_planner(
         by_length.append((by_length[-1][:, None] @ step[None]).reshape(-1, cells, cells))
     reach = np.concatenate(by_length)
     value = np.zeros((turns + 1, actions + 1, cells))
+    # turns_to_goal[k, m, s]: expected turns used on the paths that reach the goal (the tie-break)
+    turns_to_goal = np.zeros((turns + 1, actions + 1, cells))
     choice = np.full((turns + 1, actions + 1, cells), -1, dtype=np.int64)
     value[0, :] = goal
     value[:, 0] = goal
-    rows = np.arange(len(sequences))
+    rows, every_cell = np.arange(len(sequences)), np.arange(cells)
+    flat_reach = reach.reshape(-1, cells)  # (Q * cells, cells)
     for k in range(1, turns + 1):
         after = np.where(terminal, goal, value[k - 1])  # (actions + 1, cells): value once the turn ends
-        # ends[q, s, r]: success if the turn plays q from cell s and r actions are left after it
-        ends = (reach.reshape(-1, cells) @ after.T).reshape(len(sequences), cells, actions + 1)
+        later = np.where(terminal, 0.0, turns_to_goal[k - 1])  # (actions + 1, cells)
+        # ends[q, s, r]: success if the turn plays q from cell s and r actions are left after it;
+        # turns_used[q, s, r]: this turn and the later ones, counted on the successful paths
+        ends = (flat_reach @ after.T).reshape(len(sequences), cells, actions + 1)
+        turns_used = (flat_reach @ (after + later).T).reshape(len(sequences), cells, actions + 1)
         for m in range(1, actions + 1):
             left = m - lengths  # (Q,) actions left after each sequence; < 0: it does not fit
-            scores = np.where((left >= 0)[:, None], ends[rows, :, np.maximum(left, 0)], -1.0)  # (Q, cells)
+            fits = (left >= 0)[:, None]
+            scores = np.where(fits, ends[rows, :, np.maximum(left, 0)], -1.0)  # (Q, cells)
             best = scores.max(axis=0)  # (cells,)
-            # the shortest sequence within rounding of the best: fewer blind actions, same value
-            choice[k, m] = np.argmax(scores >= best - 1e-12, axis=0)
+            tied = scores >= best - 1e-12  # (Q, cells) sequences of the best value, within rounding
+            used = np.where(tied, turns_used[rows, :, np.maximum(left, 0)], np.inf)  # (Q, cells)
+            fewest = tied & (used <= used.min(axis=0) + 1e-12)
+            choice[k, m] = np.argmax(fewest, axis=0)  # the first, i.e. shortest, of the fewest-turn ones
             value[k, m] = np.where(terminal, goal, best)
+            turns_to_goal[k, m] = np.where(terminal, 0.0, used[choice[k, m], every_cell])
     names = tuple(tuple(ACTIONS[a] for a in q) for q in sequences)
     return TurnPlanner(sequences=names, value=value, choice=choice)
 

@@ -233,6 +233,9 @@ def test_turn_planner_without_slip_succeeds_exactly_when_the_path_fits_the_budge
             *_, info = env.step(action)
     assert info["success"]
     assert planner.best(0, 0, 10) == () and planner.best(0, 3, 0) == ()
+    # among equally sure plays, the fewest turns: the shortest path, 3 actions a turn
+    planner = turn_planner(desc, turns=5, actions=10, max_actions_per_turn=3, is_slippery=False)
+    assert planner.best(0, 5, 10) == tuple((shortest_path(desc) or [])[:3])
 
 
 def test_turn_planner_slip_aware_play_beats_the_shortest_path() -> None:
