@@ -3,7 +3,8 @@
 The first turn is a system message (the role) and a user message with the task, the legend of
 the board's symbols (``env.legend``), the valid actions (``env.action_names``), the limits, the
 required answer format and the board. Each later turn is ONE user message with the reward of the
-last turn, the new board and the actions left. The games own no prompt text; this file owns all.
+last turn, the turns and actions left and the new board: the agent sees its whole budget, since
+the best move depends on it (on slippery ice, fewer turns left call for bolder turns). The games own no prompt text; this file owns all.
 Chat-template rendering and tokenisation live in ``ragen_tasks.agent.chat``.
 """
 
@@ -76,6 +77,7 @@ def initial_messages(
     action_names: Sequence[str],
     legend: Mapping[str, str],
     board: str,
+    turns_left: int,
     actions_left: int,
     max_actions_per_turn: int,
     think: bool,
@@ -87,18 +89,18 @@ def initial_messages(
         symbols = ", ".join(f"{symbol} = {meaning}" for symbol, meaning in legend.items())
         lines.append(f"Symbols: {symbols}.")
     lines.append(f"Valid actions: {', '.join(action_names)}.")
-    lines.append(f"Actions left: {actions_left}.")
+    lines.append(f"Turns left: {turns_left}. Actions left: {actions_left}.")
     lines.append(answer_format(think=think, max_actions_per_turn=max_actions_per_turn))
     lines.append(f"Board:\n{board}")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(lines)}]
 
 
-def followup_message(*, board: str, reward: float, actions_left: int, format_ok: bool) -> Message:
-    """The user message after a turn: last reward, the new board, actions left."""
+def followup_message(*, board: str, reward: float, turns_left: int, actions_left: int, format_ok: bool) -> Message:
+    """The user message after a turn: last reward, turns and actions left, the new board."""
     lines = []
     if not format_ok:
         lines.append("Your last answer was invalid (wrong format or an invalid action).")
     lines.append(f"Reward: {reward:g}.")
-    lines.append(f"Actions left: {actions_left}.")
+    lines.append(f"Turns left: {turns_left}. Actions left: {actions_left}.")
     lines.append(f"Board:\n{board}")
     return {"role": "user", "content": "\n".join(lines)}

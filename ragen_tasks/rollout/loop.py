@@ -197,6 +197,7 @@ def _start(
             action_names=game.action_names,
             legend=game.legend,
             board=board,
+            turns_left=agent.max_turns,
             actions_left=agent.max_actions_per_episode,
             max_actions_per_turn=agent.max_actions_per_turn,
             think=agent.think,
@@ -276,6 +277,7 @@ def _feed_observations(
         followup_message(
             board=episode.board,
             reward=episode.turn_rewards[-1],
+            turns_left=agent.max_turns - len(episode.turn_rewards),
             actions_left=agent.max_actions_per_episode - episode.actions_used,
             format_ok=episode.turn_format_ok[-1],
         )

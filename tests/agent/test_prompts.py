@@ -11,6 +11,7 @@ def test_initial_messages_hold_every_part() -> None:
         action_names=("Up", "Down", "Left", "Right"),
         legend={"#": "wall", "P": "player"},
         board="#P#",
+        turns_left=4,
         actions_left=7,
         max_actions_per_turn=3,
         think=True,
@@ -22,7 +23,7 @@ def test_initial_messages_hold_every_part() -> None:
         "# = wall",
         "P = player",
         "Up, Down, Left, Right",
-        "Actions left: 7",
+        "Turns left: 4. Actions left: 7",
         "<think>",
         "1 to 3",
         "#P#",
@@ -36,6 +37,7 @@ def test_no_think_format_and_single_action() -> None:
         action_names=("Left",),
         legend={},
         board="P",
+        turns_left=1,
         actions_left=1,
         max_actions_per_turn=1,
         think=False,
@@ -52,10 +54,13 @@ def test_bandit_names_both_arms_and_hides_payoffs() -> None:
 
 
 def test_followup_message() -> None:
-    msg = followup_message(board="_P_", reward=-0.1, actions_left=2, format_ok=False)
+    msg = followup_message(board="_P_", reward=-0.1, turns_left=3, actions_left=2, format_ok=False)
     assert msg["role"] == "user"
     assert (
-        "invalid" in msg["content"] and "-0.1" in msg["content"] and "2" in msg["content"] and "_P_" in msg["content"]
+        "invalid" in msg["content"]
+        and "-0.1" in msg["content"]
+        and "Turns left: 3. Actions left: 2." in msg["content"]
+        and "_P_" in msg["content"]
     )
 
 

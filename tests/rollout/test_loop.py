@@ -193,3 +193,14 @@ def test_duplicate_traj_ids_are_rejected(chatml_tokenizer, line_walk) -> None:
     tasks = [RolloutTask("same", "line_walk", {}, 1, 0)] * 2
     with pytest.raises(ValueError, match="traj_id"):
         _run(ScriptedEngine(chatml_tokenizer, ""), chatml_tokenizer, tasks, line_walk)
+
+
+def test_every_message_states_the_turns_and_actions_left(chatml_tokenizer, line_walk) -> None:
+    engine = ScriptedEngine(chatml_tokenizer, "<think>hm</think><answer>Left || Left</answer>")
+    (traj,) = _run(engine, chatml_tokenizer, _tasks(1, size=30, max_actions_per_episode=50), line_walk, max_turns=4)
+    assert traj.num_turns == 4
+    prompt = chatml_tokenizer.decode(traj.input_ids[: traj.prompt_length])
+    assert "Turns left: 4. Actions left: 10." in prompt
+    for k in range(3):  # the observation fed after turn k
+        fed = chatml_tokenizer.decode(traj.input_ids[traj.turn_ends[k] : traj.turn_starts[k + 1]])
+        assert f"Turns left: {3 - k}. Actions left: {10 - 2 * (k + 1)}." in fed, fed
