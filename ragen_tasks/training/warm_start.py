@@ -47,8 +47,9 @@ from ragen_tasks.training.critic import token_logprobs
 log = logging.getLogger(__name__)
 
 #: Bump when what a warm start produces changes for the same config (demonstrators, reasoning, the
-#: supervised loop): cached warm starts (``pipeline.warm_start_key``) are keyed by it.
-WARM_START_VERSION = "3"
+#: prompts the agent sees, the supervised loop): cached warm starts (``pipeline.warm_start_key``)
+#: are keyed by it, and a stale cache would silently train on the old text.
+WARM_START_VERSION = "4"
 
 _REASON = {
     "bandit": "I will try one of the arms.",
