@@ -204,6 +204,15 @@ class WarmStartConfig(_Frozen):
         "action names (Sokoban: the box from the player, the target from the box; FrozenLake: the goal), read "
         "from the board; 'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
+    seed: int | None = Field(
+        None,
+        description="seed of the demonstrations and the supervised steps; None = the run's seed. Set it to "
+        "vary only RL across runs that share one (cached) warm start",
+    )
+
+    def seed_for(self, run_seed: int) -> int:
+        """The seed the warm start uses in a run whose root seed is ``run_seed``."""
+        return run_seed if self.seed is None else self.seed
 
 
 class GuardConfig(_Frozen):

@@ -157,8 +157,8 @@ def warm_start_key(config: TrainConfig) -> str:
         "model": config.model.model_dump(mode="json"),
         "envs": [spec.model_dump(mode="json") for spec in config.envs],
         "agent": config.agent.model_dump(mode="json"),
-        "warm_start": config.warm_start.model_dump(mode="json"),
-        "seeds": [config.seed, config.eval.seed_offset],
+        "warm_start": config.warm_start.model_dump(mode="json", exclude={"seed"}),  # in "seeds"
+        "seeds": [config.warm_start.seed_for(config.seed), config.eval.seed_offset],
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 

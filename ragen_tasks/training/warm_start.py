@@ -271,7 +271,9 @@ def bandit_choice_rate(
         return None
     tasks = make_eval_tasks(specs[:1], episodes, config.eval.seed_offset)
     sampling = SamplingParams(
-        max_new_tokens=config.agent.max_tokens_per_turn, temperature=temperature, seed=config.seed
+        max_new_tokens=config.agent.max_tokens_per_turn,
+        temperature=temperature,
+        seed=config.warm_start.seed_for(config.seed),
     )
     trajectories = run_rollouts(
         HFEngine(model, tokenizer),
@@ -288,7 +290,8 @@ def bandit_choice_rate(
 def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, progress: Any = None) -> dict[str, Any]:
     """Run the warm start on ``model`` in place; return what it did and measured (JSON-able)."""
     ws = config.warm_start
-    demos = demonstrations(tokenizer, config, seed=config.seed)
+    seed = ws.seed_for(config.seed)
+    demos = demonstrations(tokenizer, config, seed=seed)
     log.info("warm start: %d demonstration episodes, %d supervised steps", len(demos), ws.steps)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     losses = supervised_steps(
@@ -297,7 +300,7 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, p
         steps=ws.steps,
         batch_size=ws.batch_size,
         lr=ws.lr,
-        seed=config.seed,
+        seed=seed,
         pad_id=pad_id,
         on_step=progress,
     )

@@ -36,3 +36,12 @@ def test_a_changed_warm_start_input_is_a_new_cache_entry(tmp_path: Path) -> None
     pipeline.init_run(base)
     other = _run(tmp_path, "other", **{"warm_start.steps": 5})
     assert pipeline.init_run(other)["warm_start"]["cache"] == "miss"
+
+
+def test_a_fixed_warm_start_seed_shares_one_warm_start_across_run_seeds(tmp_path: Path) -> None:
+    """``warm_start.seed`` varies RL only: runs with other root seeds reuse the same cached warm start,
+    which is the one a run with that root seed would make."""
+    shared = {"warm_start.seed": 0}
+    keys = {pipeline.warm_start_key(_run(tmp_path, f"s{s}", seed=s, **shared).config) for s in (0, 1, 2)}
+    assert keys == {pipeline.warm_start_key(_run(tmp_path, "plain").config)}  # seed 0's own warm start
+    assert pipeline.warm_start_key(_run(tmp_path, "s1", seed=1, **{"warm_start.seed": 1}).config) not in keys
