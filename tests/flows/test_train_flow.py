@@ -40,8 +40,11 @@ def _artifact_keys() -> set[str]:
     return asyncio.run(keys())
 
 
+MIXTURE = {"envs": [{"name": "bandit"}, {"name": "frozen_lake"}]}  # two games in one run
+
+
 def test_two_iterations_then_resume(tmp_path: Path) -> None:
-    summary = _train(tmp_path, "flow-test", 2, preset="default")
+    summary = _train(tmp_path, "flow-test", 2, preset="default", **MIXTURE)
     run_dir = tmp_path / "runs" / "flow-test"
     # Every stage of both iterations committed its manifest.
     for it in range(2):
@@ -68,7 +71,7 @@ def test_two_iterations_then_resume(tmp_path: Path) -> None:
 
     # Resume to 3 iterations: only iteration 2 runs; earlier manifests are untouched.
     before = (run_dir / "iter_000000" / "rollouts" / "trajectories.manifest.json").stat().st_mtime_ns
-    _train(tmp_path, "flow-test", 3, preset="default")
+    _train(tmp_path, "flow-test", 3, preset="default", **MIXTURE)
     after = (run_dir / "iter_000000" / "rollouts" / "trajectories.manifest.json").stat().st_mtime_ns
     assert before == after
     run = pipeline.open_existing_run(str(run_dir))
