@@ -1,0 +1,162 @@
+"""The paper's games at CPU scale: per game, SFT-only vs SFT+RL beside random play and the ceiling.
+
+For each game preset and seed this trains through the real CLI (``ragen train PRESET --set seed=S``,
+warm start included, wall time measured), then evaluates on held-out seeds that neither training
+nor the presets' tuning ever used (``--eval-offset``, default 2,000,000; training seeds stay below
+1,000,000 and the runs' own evaluation starts at 1,000,000):
+
+* SFT-only: the run's warm-started policy (checkpoint 0 of its ``warm-start-<key>`` cache run) —
+  the same warm start, no RL, as the paper's SFT baseline;
+* SFT+RL: the run's final checkpoint;
+* random play and the ceiling at the agent's budget, on the same seeds
+  (``ragen_tasks.evaluation.reference_points``);
+* RL's gain: the one-sided two-proportion z of SFT+RL over SFT-only, per seed and pooled.
+
+Evaluation samples at each of ``--temperatures``: 0.5 is the paper's validation setting (and the
+game presets'), 1.0 the policy RL trains. Prints one markdown table (and writes it with ``--out``)
+for ``bench/RESULTS.md``.
+
+Usage::
+
+    python bench/science.py [--presets sokoban frozenlake bandit] [--seeds 0 1 2]
+                            [--eval-seeds 512] [--eval-offset 2000000] [--temperatures 0.5 1.0]
+                            [--store DIR] [--out FILE] [--set key=value ...] [--runs RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def train(
+    preset: str, seed: int, store: Path, overrides: list[str], *, tag: str = "science"
+) -> tuple[dict[str, Any], float, float]:
+    """Run ``ragen train`` as a user would; return (summary.json, wall seconds, CPU seconds). A run
+    that already finished in ``store`` (same run id) is read back with the times it took then.
+
+    Beside the wall time, the run's CPU seconds (its process tree's user + system time) are printed
+    and kept: with ``OMP_NUM_THREADS=1`` they are the run's wall time on an otherwise idle core,
+    a measure that stays honest when other work shares the machine."""
+    run_id = f"{tag}-{Path(preset).stem}-s{seed}"
+    summary_path, wall_path = store / run_id / "summary.json", store / run_id / "bench-wall-s.txt"
+    if summary_path.exists() and wall_path.exists():
+        times = wall_path.read_text().split()
+        return json.loads(summary_path.read_text()), float(times[0]), float(times[2]) if len(times) > 2 else math.nan
+    ragen = str(Path(sys.executable).parent / "ragen")  # the console script installed beside this Python
+    command = [ragen, "train", preset, "--run-id", run_id, "--store", str(store)]
+    command += ["--set", f"seed={seed}", *(item for o in overrides for item in ("--set", o))]
+    print("$", " ".join(command), flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(command, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"{run_id}: wall {wall / 60:.1f} min, CPU {cpu / 60:.1f} min", flush=True)
+    wall_path.write_text(f"{wall:.1f} wall_s {cpu:.1f} cpu_s\n")
+    return json.loads(summary_path.read_text()), wall, cpu
+
+
+def success(checkpoint: Path, env: str, seeds: int, offset: int, temperature: float) -> float:
+    """Held-out success of ``checkpoint`` on ``env`` (the config of the run that made it), sampled
+    at ``temperature``."""
+    from ragen_tasks import pipeline
+
+    run = pipeline.run_of_checkpoint(checkpoint)
+    if run is None:
+        raise SystemExit(f"{checkpoint} is not inside a run folder")
+    config = run.config.model_copy(update={"eval": run.config.eval.model_copy(update={"temperature": temperature})})
+    per_env, _ = pipeline.evaluate_checkpoint(config, checkpoint, seeds=seeds, seed_offset=offset, env_names=[env])
+    return float(per_env[env]["success"])
+
+
+def joined(values: list[float], fmt: str) -> str:
+    return " / ".join(format(v, fmt) for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["sokoban", "frozenlake", "bandit"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--eval-seeds", type=int, default=512)
+    parser.add_argument("--eval-offset", type=int, default=2_000_000)
+    parser.add_argument(
+        "--temperatures", nargs="+", type=float, default=[0.5, 1.0], help="evaluation temperatures (0.5: the paper's)"
+    )
+    parser.add_argument("--store", type=Path, default=Path("runs"))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="finished runs (folders) to add as further seeds of the preset for their game",
+    )
+    args = parser.parse_args()
+
+    from ragen_tasks.evaluation import one_sided_z, reference_points
+    from ragen_tasks.presets import load_config
+
+    rows = []
+    for preset in args.presets:
+        config = load_config(preset, args.overrides)
+        env = config.envs[0].name
+        reference = reference_points(config.envs[0], config.agent, seeds=args.eval_seeds, seed_offset=args.eval_offset)
+        runs = [train(preset, seed, args.store, args.overrides) for seed in args.seeds]
+        labels = [str(seed) for seed in args.seeds]
+        for folder in args.runs:  # finished runs of this preset made elsewhere, as further seeds
+            summary = json.loads((folder / "summary.json").read_text())
+            if env not in summary["eval_after_rl"]:  # a run of another game's preset
+                continue
+            times = (folder / "bench-wall-s.txt").read_text().split() if (folder / "bench-wall-s.txt").exists() else []
+            wall, cpu = (float(times[0]), float(times[2])) if len(times) > 2 else (math.nan, math.nan)
+            runs.append((summary, wall, cpu))
+            labels.append(folder.name)
+        for temperature in args.temperatures:
+            sft, rl, zs = [], [], []
+            for seed, (summary, wall, _cpu) in zip(labels, runs, strict=True):
+                final = Path(summary["final_checkpoint"])  # <store>/<run>/checkpoints/step_N
+                cache = final.parents[2] / summary["warm_start"]["cache_run"] / "checkpoints" / "step_000000"
+                sft.append(success(cache, env, args.eval_seeds, args.eval_offset, temperature))
+                rl.append(success(final, env, args.eval_seeds, args.eval_offset, temperature))
+                zs.append(one_sided_z(sft[-1], args.eval_seeds, rl[-1], args.eval_seeds))
+                print(
+                    f"{preset} seed {seed} T={temperature}: SFT-only {sft[-1]:.3f}  SFT+RL {rl[-1]:.3f}  "
+                    f"z {zs[-1]:+.2f}  wall {wall / 60:.1f} min",
+                    flush=True,
+                )
+            n = args.eval_seeds * len(args.seeds)
+            pooled_z = one_sided_z(statistics.fmean(sft), n, statistics.fmean(rl), n)
+            ceiling = "-" if reference["ceiling"] is None else f"{reference['ceiling']:.3f}"
+            rows.append(
+                f"| {preset} ({env}) | {temperature:g} | {joined(sft, '.3f')} | {joined(rl, '.3f')} "
+                f"| {joined(zs, '+.1f')} (pooled {pooled_z:+.1f}) | {reference['random']:.3f} | {ceiling} "
+                f"| {joined([wall / 60 for _, wall, _ in runs], '.1f')} | {joined([cpu / 60 for *_, cpu in runs], '.1f')} |"
+            )
+    table = "\n".join(
+        [
+            f"Held-out success on {args.eval_seeds} seeds from {args.eval_offset} per run; training seeds {args.seeds}"
+            f"{' and the runs ' + ', '.join(p.name for p in args.runs) if args.runs else ''}.",
+            "",
+            "| preset (game) | eval T | SFT-only | SFT+RL | z (RL over SFT) | random | ceiling | wall (min) | CPU (min) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
