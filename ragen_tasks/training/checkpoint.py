@@ -145,7 +145,9 @@ def save_checkpoint(
     final = step_dir(root, step)
     if (final / MARKER).exists():
         raise CheckpointError(f"{final} is already committed; refusing to overwrite a committed checkpoint")
-    for stale in root.glob(f"{_TMP_PREFIX}*"):  # leftovers of a save killed before its rename
+    # Leftovers of a save of this step killed before its rename (only this step's: another step's
+    # temp folder may belong to a save in progress).
+    for stale in root.glob(f"{_TMP_PREFIX}{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if final.exists():  # renamed but never committed: a save killed before the marker
         log.warning("removing uncommitted checkpoint folder %s", final)

@@ -1,9 +1,11 @@
 """Resume equivalence of the production path with real SIGKILLs: the training flow run N iterations
 straight == run, killed, re-run with the same run id (bitwise: weights, critic, Adam moments, the
-shuffling RNG); a kill in the middle of a checkpoint save leaves the previous checkpoint loadable."""
+shuffling RNG, and the run's metric history); a kill in the middle of a checkpoint save leaves the
+previous checkpoint loadable."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,7 +48,17 @@ def _state(path: Path) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], d
 
     weights = {**load_file(str(path / "model.safetensors")), **load_file(str(path / "critic.safetensors"))}
     opts = [torch.load(path / f"optim_{n}.pt", weights_only=True) for n in ("actor", "critic")]
-    return weights, opts, torch.load(path / "extra_state.pt", weights_only=True)
+    extra = torch.load(path / "extra_state.pt", weights_only=True)
+    return weights, opts, {**extra, "rng": torch.load(path / "rng.pt", weights_only=True)}
+
+
+def _history(store: Path, run_id: str) -> str:
+    """The run's committed metric rows without wall-clock measurements, as canonical JSON (NaN-safe)."""
+    from ragen_tasks import pipeline
+
+    rows = pipeline.history(pipeline.open_existing_run(str(store / run_id)))
+    timeless = [{k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))} for row in rows]
+    return json.dumps(timeless, sort_keys=True)
 
 
 def _assert_same(a: Any, b: Any) -> None:
@@ -59,6 +71,9 @@ def _assert_same(a: Any, b: Any) -> None:
             for k, v in x["state"][i].items():
                 assert torch.equal(torch.as_tensor(v), torch.as_tensor(y["state"][i][k])), (i, k)
     assert torch.equal(ea["generator"], eb["generator"])
+    # rng.pt: the global RNGs are seeded from the run, so identical runs record identical states
+    assert torch.equal(ea["rng"]["torch"], eb["rng"]["torch"])
+    assert torch.equal(ea["rng"]["numpy"][1], eb["rng"]["numpy"][1]) and ea["rng"]["python"] == eb["rng"]["python"]
 
 
 def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
@@ -72,6 +87,10 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     resumed = _train(tmp_path, "killed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, "killed"), N)))
+    # Killed after checkpoint 1 committed but before iteration 0's update metrics: the history is exact too.
+    straight_history = _history(tmp_path, "straight")
+    assert '"actor/pg_loss"' in straight_history or '"actor/' in straight_history
+    assert _history(tmp_path, "killed") == straight_history
 
     for point in ("write", "commit"):
         run_id = f"in-save-{point}"
@@ -86,3 +105,4 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
         resumed = _train(tmp_path, run_id)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, run_id), N)))
+        assert _history(tmp_path, run_id) == straight_history

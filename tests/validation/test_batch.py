@@ -163,7 +163,9 @@ def test_failing_batch_is_quarantined(backend: str, tmp_path: Path, request: pyt
 
 
 @pytest.mark.parametrize("backend", ["file", "s3"])
-def test_unreadable_committed_batch_is_quarantined(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_unreadable_committed_batch_is_quarantined(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """A committed batch whose bytes are not Parquet (a hostile or broken writer re-signed its manifest)
     is quarantined like a failed validation, so the stage that produces it can run again."""
     root = str(tmp_path)
