@@ -142,7 +142,7 @@ def train(
     if store_root:
         extra["store.root"] = store_root
     config = load_config(preset, extra)
-    pipeline.check_can_start(config, run_id)  # a deployment's run fails here with the CLI's one line
+    pipeline.check_can_start(config, run_id, resume_set)  # a deployment's run fails here with the CLI's one line
     return run_training(config, run_id=run_id, show_progress=show_progress, resume_set=resume_set)
 
 

@@ -85,10 +85,9 @@ def train(
         if store:
             overrides["store.root"] = store
         # Fail fast, in one line, before Prefect starts: config values, env names, run id, store, lease.
-        from ragen_tasks.pipeline.run import check_can_start, check_resumable
+        from ragen_tasks.pipeline.run import check_can_start
 
-        check_resumable(changes)
-        check_can_start(load_config(preset, overrides), run_id)
+        check_can_start(load_config(preset, overrides), run_id, changes)
     except errors as exc:
         raise _fail(str(exc)) from None
     from flows.train import train as train_flow

@@ -186,3 +186,22 @@ def test_evaluate_refuses_an_uncommitted_checkpoint(committed_checkpoint, tmp_pa
 
 def test_evaluate_seeds_are_bounded(committed_checkpoint) -> None:  # type: ignore[no-untyped-def]
     _one_line_exit_2(["evaluate", str(committed_checkpoint), "--seeds", "1000000000"], "--seeds 1000000000")
+
+
+@pytest.mark.usefixtures("no_flow")
+def test_resuming_with_another_config_is_refused_before_prefect_naming_resume_set(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ragen_tasks.data.store import Store
+    from ragen_tasks.presets import load_config
+
+    store = str(tmp_path / "runs")
+    stored = load_config("bandit-tiny", {"store.root": "/somewhere/else"}).model_dump(mode="json")  # moved since
+    Store(store).write_json("old", 0, "summary", "config", stored, producer="test")
+    base = ["train", "bandit-tiny", "--store", store, "--run-id", "old"]
+    _one_line_exit_2(
+        [*base, "--set", "optim.lr=0.5"], "optim.lr (0.001 in the run, 0.5 now)", "--resume-set optim.lr=0.5"
+    )
+    _one_line_exit_2([*base, "--set", "rollout.groups=3"], "rollout.groups", "new run id")
+    _one_line_exit_2(
+        ["train", "bandit-tiny", "--store", store, "--run-id", "new", "--resume-set", "optim.lr=1"],
+        "does not exist yet",
+    )

@@ -142,19 +142,63 @@ def apply_changes(config: TrainConfig, changes: list[dict[str, Any]]) -> TrainCo
     return config
 
 
-def check_can_start(config: TrainConfig, run_id: str | None) -> None:
+def check_can_start(config: TrainConfig, run_id: str | None, resume_set: Mapping[str, Any] | None = None) -> None:
     """What can be checked before any work (and before Prefect starts): the run id's syntax, the store's
-    scheme and writability, and that no live process holds the run. Each failure raises an error whose
-    message is one line (ValueError, UnsafeKeyError, StoreNotWritableError, RunLeaseError)."""
+    scheme and writability, that no live process holds the run, and that a resumed run keeps its
+    config. Each failure raises an error whose message is one line (ValueError, UnsafeKeyError,
+    StoreNotWritableError, ConfigError, RunLeaseError)."""
     from ragen_tasks.pipeline.lease import check_free
 
+    check_resumable(resume_set or {})
     rid = run_id or config.run_id
     if rid is not None:
         check_run_id(rid)
     store = Store(config.store.root)
     store.check_writable()
-    if rid is not None:
-        check_free(store, rid, config.store.lease_stale_s)
+    if rid is None:
+        return
+    check_free(store, rid, config.store.lease_stale_s)
+    if store.has_manifest(rid, 0, "summary", "config"):
+        changes = [*recorded_changes(store, rid), {"set": dict(resume_set or {})}]
+        stored = apply_changes(TrainConfig.model_validate(store.read_json(rid, 0, "summary", "config")[0]), changes)
+        current = apply_changes(config, changes)
+        check_same_config(stored.model_dump(mode="json"), current.model_dump(mode="json"), store.uri(rid))
+    elif resume_set:
+        raise ConfigError(f"--resume-set: run {store.uri(rid)} does not exist yet; use --set to configure a new run")
+
+
+#: Config keys a resume may differ in without being another experiment: the length of the run and
+#: where the store is (a run folder may be moved or copied; its id and its contents are the run).
+_RESUME_FREE = ("iterations", "preset", "run_id", "store.root", "store.storage_options", "store.lease_stale_s")
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value and key != "config":  # an env's options compare as one value
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """Resuming with another config would silently mix two experiments: refuse, naming the keys and
+    the values. ``iterations`` may grow (extend a finished run); the store may have moved;
+    ``RESUMABLE_KEYS`` change only through ``--resume-set`` (recorded)."""
+    a, b = _flat(stored), _flat(current)
+    diffs = sorted(k for k in set(a) | set(b) if k not in _RESUME_FREE and a.get(k) != b.get(k))
+    if diffs:
+        shown = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs[:5])
+        hint = ""
+        if all(k in RESUMABLE_KEYS for k in diffs):
+            hint = "; to change it for the rest of this run, resume with " + " ".join(
+                f"--resume-set {k}={b.get(k)}" for k in diffs
+            )
+        raise ConfigError(
+            f"run {where} already exists with a different config (differs in: {shown}){hint}; "
+            "or use a new run id, or the same settings to resume"
+        )
 
 
 def run_of_checkpoint(path: Path) -> Run | None:

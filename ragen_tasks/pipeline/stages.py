@@ -40,10 +40,10 @@ from ragen_tasks.pipeline.lineage import fingerprint, marker_fingerprint, policy
 from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
 from ragen_tasks.pipeline.run import (
     PRODUCER,
-    RESUMABLE_KEYS,
     Run,
     apply_changes,
     check_resumable,
+    check_same_config,
     record_change,
     recorded_changes,
 )
@@ -90,7 +90,7 @@ def init_run(run: Run, *, progress: Any = None, resume_set: Mapping[str, Any] | 
         stored = with_overrides(stored, resume_set)
     # What the run records is in force on both sides; what may differ (iterations, store location) is not compared.
     current = apply_changes(config, recorded_changes(run.store, run.run_id))
-    _check_same_config(stored.model_dump(mode="json"), current.model_dump(mode="json"), run.uri)
+    check_same_config(stored.model_dump(mode="json"), current.model_dump(mode="json"), run.uri)
     if not run.store.has_manifest(run.run_id, 0, "summary", "initial_policy"):
         # Checkpoint 0 was never committed (a first start, or a crash before its commit). Once it was,
         # the record below says so: a resume after pruning never rebuilds it (nor re-runs the warm start).
@@ -130,40 +130,6 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
     for part in key.split("."):
         data = data.get(part) if isinstance(data, Mapping) else None  # type: ignore[assignment]
     return data
-
-
-#: Config keys a resume may differ in without being another experiment: the length of the run and
-#: where the store is (a run folder may be moved or copied; its id and its contents are the run).
-_RESUME_FREE = ("iterations", "preset", "run_id", "store.root", "store.storage_options", "store.lease_stale_s")
-
-
-def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value and key != "config":  # an env's options compare as one value
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
-    """Resuming with another config would silently mix two experiments: refuse, naming the keys and
-    the values. ``iterations`` may grow (extend a finished run); the store may have moved;
-    ``RESUMABLE_KEYS`` change only through ``--resume-set`` (recorded)."""
-    a, b = _flat(stored), _flat(current)
-    diffs = sorted(k for k in set(a) | set(b) if k not in _RESUME_FREE and a.get(k) != b.get(k))
-    if diffs:
-        shown = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs[:5])
-        hint = ""
-        if all(k in RESUMABLE_KEYS for k in diffs):
-            hint = "; to change it for the rest of this run, resume with " + " ".join(
-                f"--resume-set {k}={b.get(k)}" for k in diffs
-            )
-        raise ConfigError(
-            f"run {where} already exists with a different config (differs in: {shown}){hint}; "
-            "or use a new run id, or the same settings to resume"
-        )
 
 
 def initial_eval(run: Run) -> dict[str, Any]:
