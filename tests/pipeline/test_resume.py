@@ -61,6 +61,26 @@ def _history(store: Path, run_id: str) -> str:
     return json.dumps(timeless, sort_keys=True)
 
 
+def _audit(store: Path, run_id: str) -> None:
+    """The outside audit's checks on a finished run: contiguous committed iterations, every checkpoint
+    folder committed and intact (no temp or half-written one left), and in every stage folder exactly
+    the data objects its manifests name (no orphan, no duplicate, nothing missing)."""
+    from ragen_tasks.data.manifest import Manifest
+
+    run_dir = store / run_id
+    committed = sorted(p.parent.parent.name for p in run_dir.glob("iter_*/summary/summary.manifest.json"))
+    assert committed == [f"iter_{k:06d}" for k in range(N)], committed
+    for folder in (run_dir / "checkpoints").iterdir():
+        assert not folder.name.startswith("."), folder
+        ckpt.verify_checkpoint(folder)
+    for stage_dir in run_dir.glob("iter_*/*"):
+        named: set[str] = set()
+        for m in stage_dir.glob("*.manifest.json"):
+            named |= {o.name for o in Manifest.from_json_bytes(m.read_bytes(), where=str(m)).objects}
+        data = {p.name for p in stage_dir.iterdir() if not p.name.endswith(".manifest.json")}
+        assert data == named, (stage_dir, sorted(data ^ named))
+
+
 def _assert_same(a: Any, b: Any) -> None:
     wa, oa, ea = a
     wb, ob, eb = b
@@ -91,6 +111,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     straight_history = _history(tmp_path, "straight")
     assert '"actor/pg_loss"' in straight_history or '"actor/' in straight_history
     assert _history(tmp_path, "killed") == straight_history
+    _audit(tmp_path, "straight")
+    _audit(tmp_path, "killed")
 
     for point in ("write", "commit"):
         run_id = f"in-save-{point}"
@@ -106,3 +128,4 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, run_id), N)))
         assert _history(tmp_path, run_id) == straight_history
+        _audit(tmp_path, run_id)
