@@ -383,8 +383,9 @@ class Store:
     def download_checkpoint(self, run_id: str, step: int, local_dir: str | os.PathLike[str]) -> Path:
         return self.download_dir(checkpoint_key(run_id, step), local_dir)
 
-    def list_checkpoints(self, run_id: str) -> list[int]:
-        """Steps of committed checkpoint folders (a listing filtered by the commit marker), ascending."""
+    def list_checkpoints(self, run_id: str, *, committed: bool = True) -> list[int]:
+        """Steps of committed checkpoint folders (a listing filtered by the commit marker), ascending;
+        ``committed=False``: of every checkpoint folder, committed or not (to clean up after a crash)."""
         prefix = self._path(f"{check_run_id(run_id)}/checkpoints")
         if not self.fs.exists(prefix):
             return []
@@ -394,7 +395,7 @@ class Store:
             if (
                 base.startswith("step_")
                 and base[5:].isdigit()
-                and self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}")
+                and (not committed or self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}"))
             ):
                 steps.append(int(base[5:]))
         return sorted(steps)

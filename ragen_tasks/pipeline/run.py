@@ -87,7 +87,13 @@ class Run:
         if self.is_local:
             return
         steps = self.store.list_checkpoints(self.run_id)
-        for step in ckpt.steps_to_prune(steps, keep_last=self.config.checkpoint.keep_last, protect=self.protect_steps):
+        doomed = ckpt.steps_to_prune(steps, keep_last=self.config.checkpoint.keep_last, protect=self.protect_steps)
+        # and the uncommitted folders of older steps: what an upload or a prune killed half-way left
+        newest = max(steps, default=-1)
+        doomed += [
+            s for s in self.store.list_checkpoints(self.run_id, committed=False) if s < newest and s not in steps
+        ]
+        for step in doomed:
             self.store.remove_dir(checkpoint_key(self.run_id, step))
 
 

@@ -244,12 +244,20 @@ def steps_to_prune(steps: Collection[int], *, keep_last: int, protect: Collectio
 
 
 def prune(root: Path, *, keep_last: int, protect: Collection[int] = ()) -> None:
-    """Delete committed checkpoints so that ``keep_last`` remain (see ``steps_to_prune``), and nothing else."""
+    """Delete committed checkpoints so that ``keep_last`` remain (see ``steps_to_prune``), and the
+    uncommitted folders of older steps: what a prune or a save killed half-way left behind (steps only
+    grow, so no save of an older step is in progress)."""
     found = {info.step: info for info in committed_checkpoints(root)}
     for step in steps_to_prune(found, keep_last=keep_last, protect=protect):
         info = found[step]
         (info.path / MARKER).unlink()  # uncommit first: a half-deleted folder is never "committed"
         shutil.rmtree(info.path)
+    newest = max(found, default=-1)
+    for folder in Path(root).glob("step_*"):
+        number = folder.name.removeprefix("step_")
+        if number.isdigit() and int(number) < newest and not (folder / MARKER).exists():
+            log.warning("removing %s: an uncommitted folder left by an interrupted save or prune", folder)
+            shutil.rmtree(folder)
 
 
 def is_checkpoint_folder(path: Path) -> bool:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ HARNESS = Path(__file__).with_name("resume_harness.py")
 N = 3
 
 
-def _train(store: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _command(store: Path, run_id: str, *extra: str) -> tuple[list[str], dict[str, str]]:
     from prefect.settings import PREFECT_API_URL
 
     env = {
@@ -36,7 +37,26 @@ def _train(store: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess
         "PYTHONPATH": str(ROOT),
     }
     command = [sys.executable, str(HARNESS), "--store", str(store), "--run-id", run_id, "--iterations", str(N)]
-    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return [*command, *extra], env
+
+
+def _train(store: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command, env = _command(store, run_id, *extra)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _kill_when(store: Path, run_id: str, relative: str) -> int:
+    """Start the run and SIGKILL it from outside as soon as ``relative`` (a path in the run folder)
+    exists, as the audit did: the moment is wherever the run happens to be, not a hook in the code."""
+    command, env = _command(store, run_id)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:
+        if (store / run_id / relative).exists():
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    return process.wait(timeout=60)
 
 
 def _checkpoints(store: Path, run_id: str) -> Path:
@@ -113,6 +133,19 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     assert _history(tmp_path, "killed") == straight_history
     _audit(tmp_path, "straight")
     _audit(tmp_path, "killed")
+
+    # Kill points chosen by polling the store: inside iteration 1 (its rollouts committed), and inside
+    # the update right after checkpoint 2's folder appears (its files may still be being written).
+    for run_id, relative in (
+        ("polled-rollout", "iter_000001/rollouts/trajectories.manifest.json"),
+        ("polled-update", "checkpoints/step_000002"),
+    ):
+        assert _kill_when(tmp_path, run_id, relative) == -signal.SIGKILL, run_id
+        resumed = _train(tmp_path, run_id)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        _assert_same(reference, _state(ckpt.step_dir(_checkpoints(tmp_path, run_id), N)))
+        assert _history(tmp_path, run_id) == straight_history
+        _audit(tmp_path, run_id)
 
     for point in ("write", "commit"):
         run_id = f"in-save-{point}"
