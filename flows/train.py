@@ -20,25 +20,44 @@ from prefect.cache_policies import NO_CACHE
 from flows import stages
 from flows.progress import Clock, RunDisplay, publish_summary
 from ragen_tasks import guard, pipeline
-from ragen_tasks.config import TrainConfig
+from ragen_tasks.config import ConfigError, TrainConfig
+from ragen_tasks.pipeline.lease import RunLease, RunLeaseError
 from ragen_tasks.presets import DEFAULT_PRESET, load_config
 from ragen_tasks.runs import finish_run as finish
+from ragen_tasks.training.checkpoint import CheckpointError
+from ragen_tasks.training.update import NonFiniteUpdateError
+from ragen_tasks.validation.batch import BatchValidationError
 
 # Idempotent stages retry once: a retry finds what the failed attempt committed and finishes the rest.
 # NO_CACHE: idempotence comes from the store's manifests, not from Prefect's result cache.
 
 
-@task(name="init-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def init_run(config: TrainConfig, run_id: str) -> dict[str, Any]:
-    return pipeline.init_run(pipeline.open_run(config, run_id))
+def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: an error that a retry would meet again (bad config, a diverged
+    update, a quarantined batch, a refused checkpoint) fails the task at once, with its message."""
+    return not isinstance(state.data, FINAL_ERRORS)
 
 
-@task(name="generate-tasks", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+FINAL_ERRORS = (ConfigError, NonFiniteUpdateError, BatchValidationError, CheckpointError, RunLeaseError)
+
+
+@task(name="init-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
+def init_run(config: TrainConfig, run_id: str, resume_set: dict[str, Any] | None = None) -> dict[str, Any]:
+    return pipeline.init_run(pipeline.open_run(config, run_id), resume_set=resume_set)
+
+
+@task(
+    name="generate-tasks",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_final,
+)
 def generate_tasks(run_uri: str, iteration: int) -> dict[str, Any]:
     return pipeline.generate_tasks(pipeline.run_for_iteration(run_uri, iteration), iteration)
 
 
-@task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="rollout", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
 def rollout(run_uri: str, iteration: int) -> dict[str, Any]:
     return pipeline.rollout(pipeline.run_for_iteration(run_uri, iteration), iteration)
 
@@ -48,24 +67,30 @@ def filter_and_validate(run_uri: str, iteration: int) -> dict[str, Any]:
     return pipeline.filter_and_validate(pipeline.run_for_iteration(run_uri, iteration), iteration)
 
 
-@task(name="update", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="update", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
 def update(run_uri: str, iteration: int, handoff: pipeline.TrainerHandoff | None = None) -> dict[str, Any]:
     return pipeline.update(pipeline.run_for_iteration(run_uri, iteration), iteration, handoff)
 
 
-@task(name="rollback", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="rollback", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
 def rollback(run_uri: str, iteration: int, to_step: int, new_step: int) -> dict[str, Any]:
     return pipeline.rollback(
         pipeline.run_for_iteration(run_uri, iteration), iteration, to_step=to_step, new_step=new_step
     )
 
 
-@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
 def evaluate(run_uri: str, iteration: int, step: int) -> dict[str, Any]:
     return pipeline.evaluate(pipeline.run_for_iteration(run_uri, iteration), iteration, step)
 
 
-@task(name="record-iteration", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(
+    name="record-iteration",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_final,
+)
 def record_iteration(run_uri: str, iteration: int, row: dict[str, Any]) -> dict[str, Any]:
     return pipeline.record_iteration(pipeline.open_existing_run(run_uri), iteration, row)
 
@@ -106,27 +131,49 @@ def train(
     run_id: str | None = None,
     store_root: str | None = None,
     show_progress: bool = False,
+    resume_set: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train a policy with StarPO. ``preset``: a preset name or YAML file; ``overrides``: dotted
     config keys -> values (``{"optim.lr": 1e-4}``); ``run_id``: resume or name the run;
     ``store_root``: a folder or ``s3://bucket/prefix`` (default: the preset's ``store.root``);
-    ``show_progress``: draw a terminal progress bar (the CLI sets it)."""
+    ``show_progress``: draw a terminal progress bar (the CLI sets it); ``resume_set``: optimizer
+    settings to change on an existing run (``pipeline.RESUMABLE_KEYS``), recorded in the run."""
     extra = dict(overrides or {})
     if store_root:
         extra["store.root"] = store_root
     config = load_config(preset, extra)
-    return run_training(config, run_id=run_id, show_progress=show_progress)
+    pipeline.check_can_start(config, run_id, resume_set)  # a deployment's run fails here with the CLI's one line
+    return run_training(config, run_id=run_id, show_progress=show_progress, resume_set=resume_set)
 
 
-def run_training(config: TrainConfig, *, run_id: str | None = None, show_progress: bool = False) -> dict[str, Any]:
-    """The iteration loop (inside a flow run), in the order of the paper's algorithm box."""
+def run_training(
+    config: TrainConfig,
+    *,
+    run_id: str | None = None,
+    show_progress: bool = False,
+    resume_set: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run under its writer lease (one writer per run id; see ``pipeline.lease``)."""
     run = pipeline.open_run(config, run_id)
-    init = init_run(config, run.run_id)
+    lease = RunLease.acquire(run.store, run.run_id, stale_after_s=config.store.lease_stale_s).start()
+    try:
+        return _iterations(config, run, lease, resume_set, show_progress)
+    finally:
+        lease.release()
+
+
+def _iterations(
+    config: TrainConfig, run: pipeline.Run, lease: RunLease, resume_set: dict[str, Any] | None, show_progress: bool
+) -> dict[str, Any]:
+    """The iteration loop (inside a flow run), in the order of the paper's algorithm box."""
+    init = init_run(config, run.run_id, resume_set)
+    config = pipeline.apply_changes(config, pipeline.recorded_changes(run.store, run.run_id))  # --resume-set
     start, mode = int(init["start_iteration"]), execution_mode(config.rollout.mode, pipeline.TrainerHandoff())
     rows = pipeline.history(run)  # committed rows: a resumed run continues the guard's state from them
     stopped: dict[str, Any] | None = None
     with RunDisplay(run, config.iterations, start, show_bar=show_progress) as display:
         for it in range(start, config.iterations):
+            lease.check()  # another process took the run over: stop before writing anything more
             clock = Clock()  # wall time of each task call, Prefect's own overhead included
             generated = clock("generate_tasks", mode.generate_tasks, run.uri, it)
             rolled = clock("rollout", mode.rollout, run.uri, it)

@@ -29,8 +29,23 @@ def _main() -> None:
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error (no traceback) and return the Exit to raise."""
-    typer.echo(f"error: {message}", err=True)
+    one_line = " ".join(str(message).split())
+    typer.echo(f"error: {one_line}", err=True)
     return typer.Exit(code)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The errors a user can cause and fix (bad input, a damaged or busy run, a diverged update): each
+    is reported as one line with exit code 2. Anything else is a bug and keeps its traceback."""
+    from safetensors import SafetensorError
+
+    from ragen_tasks.data.manifest import ManifestError
+    from ragen_tasks.pipeline.lease import RunLeaseError
+    from ragen_tasks.training.checkpoint import CheckpointError
+    from ragen_tasks.training.update import NonFiniteUpdateError
+
+    # ValueError covers ConfigError, UnsafeKeyError, StoreNotWritableError, BatchValidationError.
+    return (ValueError, OSError, ManifestError, CheckpointError, RunLeaseError, NonFiniteUpdateError, SafetensorError)
 
 
 @app.command()
@@ -43,6 +58,14 @@ def train(
     store: Annotated[
         str | None, typer.Option(help="store root: a folder or s3://bucket/prefix (default runs/)")
     ] = None,
+    resume_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resume-set",
+            help="on resume, change an optimizer setting of the run from now on, recorded in the run: "
+            "--resume-set optim.lr=1e-6",
+        ),
+    ] = None,
     list_presets: Annotated[bool, typer.Option("--list", help="list the presets and exit")] = False,
 ) -> None:
     """Train a policy with StarPO through the Prefect training flow.
@@ -50,22 +73,35 @@ def train(
     Prints the run folder and the report path at the end; the run folder holds summary.json
     (eval before and after RL per env), report.html and the checkpoints.
     """
-    from ragen_tasks.config import ConfigError
     from ragen_tasks.presets import available_presets, load_config, parse_override
 
     if list_presets:
         typer.echo("\n".join(available_presets()))
         return
+    errors = _user_errors()
     try:
         overrides = {".".join(path): value for path, value in map(parse_override, set_ or [])}
+        changes = {".".join(path): value for path, value in map(parse_override, resume_set or [])}
         if store:
             overrides["store.root"] = store
-        load_config(preset, overrides)  # fail fast, in one line, before Prefect starts
-    except ConfigError as exc:
+        # Fail fast, in one line, before Prefect starts: config values, env names, run id, store, lease.
+        from ragen_tasks.pipeline.run import check_can_start
+
+        check_can_start(load_config(preset, overrides), run_id, changes)
+    except errors as exc:
         raise _fail(str(exc)) from None
     from flows.train import train as train_flow
 
-    summary = train_flow(preset=preset, overrides=overrides, run_id=run_id, show_progress=sys.stderr.isatty())
+    try:
+        summary = train_flow(
+            preset=preset,
+            overrides=overrides,
+            run_id=run_id,
+            show_progress=sys.stderr.isatty(),
+            resume_set=changes or None,
+        )
+    except errors as exc:
+        raise _fail(str(exc)) from None
     typer.echo(_summary_text(summary))
 
 
@@ -116,15 +152,16 @@ def evaluate(
     """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
     sampling, per the config's eval.temperature)."""
     from ragen_tasks import pipeline
-    from ragen_tasks.config import ConfigError
     from ragen_tasks.envs import ENV_NAMES
-    from ragen_tasks.evaluation import eval_record
+    from ragen_tasks.evaluation import MAX_EVAL_SEEDS, eval_record
 
     if not checkpoint.is_dir():
         raise _fail(f"checkpoint {str(checkpoint)!r} is not a folder")
     bad = [e for e in env or [] if e not in ENV_NAMES]
     if bad:
         raise _fail(f"--env {bad[0]!r} is not an env; valid: {', '.join(ENV_NAMES)}")
+    if seeds > MAX_EVAL_SEEDS:
+        raise _fail(f"--seeds {seeds} is more than {MAX_EVAL_SEEDS} per env; evaluate in blocks with --seed-offset")
     from flows.evaluate import config_for_checkpoint
 
     try:
@@ -132,10 +169,8 @@ def evaluate(
         per_env, _ = pipeline.evaluate_checkpoint(
             config, checkpoint, seeds=seeds, seed_offset=seed_offset, env_names=env
         )
-    except ConfigError as exc:
+    except _user_errors() as exc:
         raise _fail(str(exc)) from None
-    except (FileNotFoundError, ValueError) as exc:
-        raise _fail(str(exc), code=1) from None
     record = eval_record(per_env, checkpoint=str(checkpoint), seeds=seeds, seed_offset=seed_offset)
     if as_json:
         typer.echo(json.dumps(record["envs"], sort_keys=True))
@@ -162,15 +197,14 @@ def evaluate(
 def report(run: Annotated[str, typer.Argument(help="run folder (runs/<run>) or s3://bucket/prefix/<run>")]) -> None:
     """(Re)write the HTML report of a run and print its path."""
     from ragen_tasks import pipeline
-    from ragen_tasks.runs import write_run_report
+    from ragen_tasks.runs import stored_summary, write_run_report
 
     try:
         opened = pipeline.open_existing_run(run)
-    except (FileNotFoundError, ValueError) as exc:
+        path = write_run_report(opened, stored_summary(opened))
+    except _user_errors() as exc:
         raise _fail(str(exc)) from None
-    summary_path = opened.run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    typer.echo(str(write_run_report(opened, summary)))
+    typer.echo(str(path) if opened.is_local else f"{opened.uri}/report.html")
 
 
 BENCHMARKS = ("envs", "rollout", "update", "store", "orchestration")

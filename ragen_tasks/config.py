@@ -31,6 +31,17 @@ class EnvSpec(_Frozen):
     weight: float = Field(1.0, gt=0, description="share of the initial-state groups drawn from this game")
     config: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for ragen_tasks.envs.make")
 
+    @model_validator(mode="after")
+    def _known_game(self) -> EnvSpec:
+        # Checked at load, so a typo fails before any work (warm start, run id) and not deep in a rollout.
+        from ragen_tasks.envs._common import load_config
+        from ragen_tasks.envs.registry import ENV_NAMES, config_model
+
+        if self.name not in ENV_NAMES:
+            raise ValueError(f"envs.name={self.name!r} is not a game; valid names: {', '.join(ENV_NAMES)}")
+        load_config(config_model(self.name), self.name, self.config)  # raises naming game.option=value
+        return self
+
 
 class ModelConfig(_Frozen):
     name_or_path: str = Field(
@@ -146,6 +157,12 @@ class OptimConfig(_Frozen):
     micro_batch_size: int = Field(8, ge=1, description="trajectories per forward/backward (gradient accumulation)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     max_consecutive_skips: int = Field(3, ge=1, description="abort after this many non-finite steps in a row")
+    max_weight_abs: float = Field(
+        1e4,
+        gt=0,
+        description="an update that leaves a weight with |w| above this (or non-finite) has diverged: its "
+        "checkpoint is never committed and the run stops, naming the cause",
+    )
     seed: int = Field(0, description="minibatch shuffling / init seed")
     amp_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="update compute dtype: bfloat16 = torch.autocast (weights and optimizer stay float32)"
@@ -168,6 +185,12 @@ class StoreConfig(_Frozen):
     )
     reward_min: float = Field(-50.0, description="batch validation: lowest allowed trajectory reward")
     reward_max: float = Field(50.0, description="batch validation: highest allowed trajectory reward")
+    lease_stale_s: float = Field(
+        300.0,
+        gt=0,
+        description="a run's writer lease whose heartbeat is older than this is stale and may be taken over "
+        "(a holder on this host whose process is gone is stale at once)",
+    )
 
 
 class CheckpointConfig(_Frozen):
@@ -176,7 +199,7 @@ class CheckpointConfig(_Frozen):
 
 class EvalConfig(_Frozen):
     every: int = Field(5, ge=1, description="evaluate every N iterations (and after the last)")
-    seeds: int = Field(32, ge=1, description="held-out seeds per env")
+    seeds: int = Field(32, ge=1, le=100_000, description="held-out seeds per env (evaluation.MAX_EVAL_SEEDS at most)")
     seed_offset: int = Field(1_000_000, ge=0, description="first held-out seed (training seeds stay below it)")
     temperature: float = Field(0.0, ge=0, description="evaluation sampling temperature; 0 = greedy (deterministic)")
 

@@ -22,6 +22,9 @@ from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.frozen_lake import turn_planner
 
+#: Held-out seeds per env one evaluation may ask for: the tasks and trajectories are held in memory.
+MAX_EVAL_SEEDS = 100_000
+
 #: Per-env metric names produced by ``aggregate``; also the keys a baseline file holds.
 EVAL_METRICS = ("success", "reward", "format_error_rate", "mean_turns", "think_length", "episodes")
 

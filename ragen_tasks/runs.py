@@ -43,7 +43,7 @@ def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -
         rows = [{"iteration": -1, **pipeline.flatten_eval(initial)}, *rows]
     signals = [s for row in rows for s in row.get("guard/signals", []) or []]
     last = rows[-1]["iteration"] if rows else -1
-    return write_report(
+    path = write_report(
         run.run_dir / "report.html",
         title=f"RAGEN run {run.run_id}",
         history=rows,
@@ -51,6 +51,8 @@ def write_run_report(run: pipeline.Run, summary: dict[str, Any] | None = None) -
         samples=_samples(run, last),
         summary=summary,
     )
+    publish_run_files(run)
+    return path
 
 
 def finish_run(
@@ -93,9 +95,32 @@ def finish_run(
     if stopped:
         summary["stopped"] = stopped
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    summary["report"] = str(run.run_dir / "report.html")
+    summary["report"] = str(run.run_dir / "report.html") if run.is_local else f"{run.uri}/report.html"
     tmp = run.run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str))
     tmp.replace(run.run_dir / "summary.json")
-    write_run_report(run, summary)
+    write_run_report(run, summary)  # publishes both files to an s3:// store
     return summary
+
+
+RUN_FILES = ("summary.json", "report.html")
+
+
+def publish_run_files(run: pipeline.Run) -> None:
+    """On an s3:// store, copy ``summary.json`` and ``report.html`` from the local scratch into the
+    run's folder in the store: a pod's scratch is gone when the pod is."""
+    if run.is_local:
+        return
+    for name in RUN_FILES:
+        path = run.run_dir / name
+        if path.is_file():
+            run.store.put_object(f"{run.run_id}/{name}", path.read_bytes())
+
+
+def stored_summary(run: pipeline.Run) -> dict[str, Any] | None:
+    """The run's ``summary.json``: from the run folder (local store) or the store (s3://), if written."""
+    path = run.run_dir / "summary.json"
+    if run.is_local:
+        return json.loads(path.read_text()) if path.is_file() else None
+    data = run.store.get_object(f"{run.run_id}/summary.json")
+    return None if data is None else dict(json.loads(data))

@@ -80,3 +80,128 @@ def test_the_summary_lines_put_rl_beside_random_play_and_the_ceiling() -> None:
     )
     assert "reused from the cache (warm-start-0123456789abcdef)" in text
     assert text.splitlines()[-1].split() == ["sokoban", "0.410", "->", "0.620", "+4.8", "0.041", "0.977"]
+
+
+# --- bad input is one line and exit code 2, checked before Prefect starts (no flow run, no run id used) ----
+
+
+@pytest.fixture
+def no_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flows.train
+
+    def refuse(**kwargs: object) -> None:
+        raise AssertionError("the training flow started although the input was bad")
+
+    monkeypatch.setattr(flows.train, "train", refuse)
+
+
+def _one_line_exit_2(args: list[str], *expected: str) -> str:
+    result = runner.invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.usefixtures("no_flow")
+def test_train_bad_inputs_are_one_line_before_prefect_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = str(tmp_path / "runs")
+    base = ["train", "bandit-tiny", "--store", store]
+    _one_line_exit_2([*base, "--set", "envs=[{name: bandti}]"], "envs.name='bandti' is not a game", "frozen_lake")
+    _one_line_exit_2([*base, "--set", "envs=[{name: bandit, config: {nope: 1}}]"], "bandit.nope=1: unknown option")
+    _one_line_exit_2([*base, "--run-id", "../escape"], "run_id='../escape'")
+    _one_line_exit_2(["train", "bandit-tiny", "--store", "gs://bucket/runs"], "protocol 'gs' not supported")
+    _one_line_exit_2(["train", "bandit-tiny", "--store", "s3://"], "must name a bucket")
+    (tmp_path / "a-file").write_text("")
+    _one_line_exit_2(["train", "bandit-tiny", "--store", str(tmp_path / "a-file" / "runs")], "is not writable")
+    _one_line_exit_2([*base, "--resume-set", "algo.clip_low=0.1"], "only these settings may change", "optim.lr")
+    assert not (tmp_path / "runs" / "escape").exists()
+
+
+def test_a_missing_bucket_is_one_line(s3_server: str, no_flow: None) -> None:
+    _one_line_exit_2(["train", "bandit-tiny", "--store", "s3://no-such-bucket/runs"], "is not writable")
+
+
+@pytest.mark.usefixtures("no_flow")
+def test_a_second_writer_of_a_run_is_refused_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ragen_tasks.data.store import Store
+    from ragen_tasks.pipeline.lease import RunLease
+
+    lease = RunLease.acquire(Store(str(tmp_path / "runs")), "busy", stale_after_s=300)
+    try:
+        _one_line_exit_2(
+            ["train", "bandit-tiny", "--store", str(tmp_path / "runs"), "--run-id", "busy"],
+            "being written by another process",
+            "pid",
+        )
+    finally:
+        lease.release()
+
+
+@pytest.fixture(scope="module")
+def committed_checkpoint(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from ragen_tasks.models.loading import load_policy
+    from ragen_tasks.training import checkpoint as ckpt
+
+    model, tokenizer = load_policy("tiny")
+    root = tmp_path_factory.mktemp("ckpts")
+    return ckpt.save_checkpoint(root, 1, actor=model, tokenizer=tokenizer, optimizers={}).path
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated weights", "bad marker JSON", "marker without files"])
+def test_evaluate_a_damaged_checkpoint_is_one_line(committed_checkpoint, tmp_path, damage: str) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from ragen_tasks.training import checkpoint as ckpt
+
+    path = tmp_path / "step_000001"
+    shutil.copytree(committed_checkpoint, path)
+    weights = path / ckpt.WEIGHTS
+    if damage == "flipped byte":
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        weights.write_bytes(bytes(data))
+    elif damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "bad marker JSON":
+        (path / ckpt.MARKER).write_text("{not json")
+    else:
+        (path / ckpt.MARKER).write_text('{"fingerprint": "x"}')
+    _one_line_exit_2(["evaluate", str(path), "--preset", "bandit-tiny", "--seeds", "1"], str(path))
+
+
+def test_evaluate_refuses_an_uncommitted_checkpoint(committed_checkpoint, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from ragen_tasks.training import checkpoint as ckpt
+
+    path = tmp_path / "step_000001"
+    shutil.copytree(committed_checkpoint, path)
+    (path / ckpt.MARKER).unlink()  # files intact, never committed (a save killed before its marker)
+    _one_line_exit_2(["evaluate", str(path), "--preset", "bandit-tiny", "--seeds", "1"], "is not committed")
+
+
+def test_evaluate_seeds_are_bounded(committed_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    _one_line_exit_2(["evaluate", str(committed_checkpoint), "--seeds", "1000000000"], "--seeds 1000000000")
+
+
+@pytest.mark.usefixtures("no_flow")
+def test_resuming_with_another_config_is_refused_before_prefect_naming_resume_set(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ragen_tasks.data.store import Store
+    from ragen_tasks.presets import load_config
+
+    store = str(tmp_path / "runs")
+    stored = load_config("bandit-tiny", {"store.root": "/somewhere/else"}).model_dump(mode="json")  # moved since
+    Store(store).write_json("old", 0, "summary", "config", stored, producer="test")
+    base = ["train", "bandit-tiny", "--store", store, "--run-id", "old"]
+    _one_line_exit_2(
+        [*base, "--set", "optim.lr=0.5"], "optim.lr (0.001 in the run, 0.5 now)", "--resume-set optim.lr=0.5"
+    )
+    _one_line_exit_2([*base, "--set", "rollout.groups=3"], "rollout.groups", "new run id")
+    _one_line_exit_2(
+        ["train", "bandit-tiny", "--store", store, "--run-id", "new", "--resume-set", "optim.lr=1"],
+        "does not exist yet",
+    )

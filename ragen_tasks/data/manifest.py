@@ -23,7 +23,12 @@ class ManifestError(ValueError):
     """A manifest is missing, unreadable or inconsistent with what it describes."""
 
 
-class ChecksumError(ManifestError):
+class CorruptObjectError(ManifestError):
+    """A committed object cannot be read back: its bytes changed after commit or do not parse.
+    The stage that reads it quarantines it, so a rerun produces it again."""
+
+
+class ChecksumError(CorruptObjectError):
     """An object's bytes do not match the sha256 / size recorded in its manifest."""
 
 

@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,6 @@ from ragen_tasks.data.keys import (
     UnsafeKeyError,
     check_data_file_name,
     check_index,
-    check_part,
     check_relative_key,
     check_run_id,
     check_stage,
@@ -55,13 +55,29 @@ from ragen_tasks.data.keys import (
     quarantine_prefix,
     stage_prefix,
 )
-from ragen_tasks.data.manifest import ChecksumError, Kind, Manifest, ManifestError, ObjectEntry, sha256_hex
+from ragen_tasks.data.manifest import (
+    ChecksumError,
+    CorruptObjectError,
+    Kind,
+    Manifest,
+    ManifestError,
+    ObjectEntry,
+    sha256_hex,
+)
 from ragen_tasks.data.trajectory import Trajectory, from_table, to_table
 
 log = logging.getLogger(__name__)
 
 DIR_MANIFEST = "_STORE_MANIFEST.json"  # commit marker of an uploaded folder, written LAST
 _CHUNK = 8 * 2**20
+# Manifests and small JSON objects are read whole; a store anyone else can write must not make a
+# reader allocate whatever it finds, so both are refused above these sizes.
+MAX_MANIFEST_BYTES = 1 * 2**20
+MAX_SMALL_OBJECT = 64 * 2**20
+
+
+class StoreNotWritableError(ValueError):
+    """The store root cannot be written (no bucket, no permission, read-only folder)."""
 
 
 class Store:
@@ -153,9 +169,14 @@ class Store:
         tables = []
         for entry in manifest.objects:
             data = self._get_checked(stage_prefix(run_id, iteration, stage), entry)
-            table = pq.read_table(pa.BufferReader(data))
+            try:
+                table = pq.read_table(pa.BufferReader(data))
+            except (pa.ArrowException, OSError) as e:  # the checksum matched: the writer committed bad bytes
+                raise CorruptObjectError(
+                    f"{self.uri(run_id, iteration, stage, name)}: {entry.name} is not readable Parquet ({e})"
+                ) from e
             if table.num_rows != entry.rows:
-                raise ManifestError(f"{entry.name}: {table.num_rows} rows, manifest says {entry.rows}")
+                raise CorruptObjectError(f"{entry.name}: {table.num_rows} rows, manifest says {entry.rows}")
             tables.append(table)
         if not tables:
             raise ManifestError(f"{self.uri(run_id, iteration, stage, name)} names no objects")
@@ -210,8 +231,16 @@ class Store:
             raise ManifestError(
                 f"{self.uri(run_id, iteration, stage, name)} holds kind={manifest.kind!r}, not one JSON object"
             )
+        if manifest.objects[0].size > MAX_SMALL_OBJECT:
+            raise ManifestError(
+                f"{self.uri(run_id, iteration, stage, name)} names a {manifest.objects[0].size}-byte JSON object "
+                f"(limit {MAX_SMALL_OBJECT}): refusing to read it"
+            )
         data = self._get_checked(stage_prefix(run_id, iteration, stage), manifest.objects[0])
-        return json.loads(data.decode()), manifest
+        try:
+            return json.loads(data.decode()), manifest
+        except (UnicodeDecodeError, ValueError) as e:  # the checksum matched, so the writer wrote garbage
+            raise CorruptObjectError(f"{self.uri(run_id, iteration, stage, name)}: not valid JSON ({e})") from e
 
     # ------------------------------------------------------------------ manifests
     def has_manifest(self, run_id: str, iteration: int, stage: str, name: str = "trajectories") -> bool:
@@ -261,22 +290,32 @@ class Store:
     def quarantine(self, run_id: str, iteration: int, stage: str, name: str, result: dict[str, Any]) -> str:
         """Move a committed item to the quarantine prefix with ``result`` (JSON) beside it.
 
-        Copy first (objects, result, manifest), then remove the original manifest (the item is no
-        longer committed) and then its objects. Returns the quarantine folder URI.
+        Each quarantine gets its own numbered folder (``.../q-000001/``), so quarantining the same
+        item again (a re-produced batch that fails again) keeps the first record. Copy first
+        (objects, result, manifest), then remove the original manifest (the item is no longer
+        committed) and then its objects. Returns the quarantine folder URI.
         """
         mkey = manifest_key(run_id, iteration, stage, name)
-        manifest = self.read_manifest(run_id, iteration, stage, name)
-        src, dst = stage_prefix(run_id, iteration, stage), quarantine_prefix(run_id, iteration, stage)
-        for entry in manifest.objects:
+        try:
+            manifest: Manifest | None = self.read_manifest(run_id, iteration, stage, name)
+            raw = manifest.to_json_bytes() if manifest is not None else b""
+        except ManifestError:  # the manifest itself is unreadable: keep its bytes, its objects stay unreferenced
+            manifest, raw = None, self.get_object(mkey, max_bytes=MAX_MANIFEST_BYTES) or b""
+        src, base = stage_prefix(run_id, iteration, stage), quarantine_prefix(run_id, iteration, stage)
+        seq = 1
+        while self.fs.exists(self._path(f"{base}/q-{seq:06d}")):
+            seq += 1
+        dst = f"{base}/q-{seq:06d}"
+        objects = manifest.objects if manifest is not None else ()
+        for entry in objects:
             if self.fs.exists(self._path(f"{src}/{entry.name}")):
                 self.fs.copy(self._path(f"{src}/{entry.name}"), self._path(f"{dst}/{entry.name}"))
         self._put_bytes(
-            f"{dst}/{check_part(name, 'name')}.validation.json",
-            json.dumps(result, indent=1, sort_keys=True, default=str).encode(),
+            f"{dst}/{name}.validation.json", json.dumps(result, indent=1, sort_keys=True, default=str).encode()
         )
-        self._put_bytes(f"{dst}/{name}.manifest.json", manifest.to_json_bytes())
+        self._put_bytes(f"{dst}/{name}.manifest.json", raw)
         self.fs.rm(self._path(mkey))
-        for entry in manifest.objects:
+        for entry in objects:
             if self.fs.exists(self._path(f"{src}/{entry.name}")):
                 self.fs.rm(self._path(f"{src}/{entry.name}"))
         where = f"{self.root_uri}/{dst}"
@@ -344,8 +383,9 @@ class Store:
     def download_checkpoint(self, run_id: str, step: int, local_dir: str | os.PathLike[str]) -> Path:
         return self.download_dir(checkpoint_key(run_id, step), local_dir)
 
-    def list_checkpoints(self, run_id: str) -> list[int]:
-        """Steps of committed checkpoint folders (a listing filtered by the commit marker), ascending."""
+    def list_checkpoints(self, run_id: str, *, committed: bool = True) -> list[int]:
+        """Steps of committed checkpoint folders (a listing filtered by the commit marker), ascending;
+        ``committed=False``: of every checkpoint folder, committed or not (to clean up after a crash)."""
         prefix = self._path(f"{check_run_id(run_id)}/checkpoints")
         if not self.fs.exists(prefix):
             return []
@@ -355,7 +395,7 @@ class Store:
             if (
                 base.startswith("step_")
                 and base[5:].isdigit()
-                and self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}")
+                and (not committed or self.fs.exists(f"{str(p).rstrip('/')}/{DIR_MANIFEST}"))
             ):
                 steps.append(int(base[5:]))
         return sorted(steps)
@@ -368,6 +408,47 @@ class Store:
             self.fs.rm(mkey)
         if self.fs.exists(self._path(key)):
             self.fs.rm(self._path(key), recursive=True)
+
+    # ------------------------------------------------------------------ single objects (leases, reports)
+    def create_object(self, key: str, data: bytes) -> bool:
+        """Create-only write of ``key`` (a relative key of safe parts): True if this call created it."""
+        return self._create_bytes(check_relative_key(key), data)
+
+    def put_object(self, key: str, data: bytes) -> None:
+        """Write (overwrite) ``key``; atomic on a local store."""
+        self._put_bytes(check_relative_key(key), data)
+
+    def get_object(self, key: str, *, max_bytes: int = MAX_SMALL_OBJECT) -> bytes | None:
+        """The bytes of ``key`` (None if absent); refuses an object larger than ``max_bytes``."""
+        path = self._path(check_relative_key(key))
+        try:
+            data: bytes = self.fs.cat_file(path, start=0, end=max_bytes + 1)
+        except FileNotFoundError:
+            return None
+        if len(data) > max_bytes:
+            raise ManifestError(f"{self.root_uri}/{key} is larger than {max_bytes} bytes: refusing to read it")
+        return data
+
+    def object_exists(self, key: str) -> bool:
+        return bool(self.fs.exists(self._path(check_relative_key(key))))
+
+    def delete_object(self, key: str) -> None:
+        path = self._path(check_relative_key(key))
+        if self.fs.exists(path):
+            self.fs.rm(path)
+
+    def check_writable(self) -> None:
+        """Write and delete a probe object at the root, so an unwritable or missing store fails in one
+        line before any work. Raises StoreNotWritableError naming the root and the cause."""
+        key = f"ragen-write-probe-{uuid.uuid4().hex[:12]}.json"
+        try:
+            self._put_bytes(key, b"{}")
+            self.fs.rm(self._path(key))
+        except Exception as exc:  # any backend error (permissions, no bucket, no endpoint) means "not writable"
+            raise StoreNotWritableError(
+                f"store root={self.root_uri!r} is not writable ({type(exc).__name__}: {exc}); "
+                "pick another --store, create the bucket, or fix its permissions"
+            ) from None
 
     # ------------------------------------------------------------------ internals
     def _path(self, key: str) -> str:
@@ -425,9 +506,14 @@ class Store:
 
     def _read_manifest_if_any(self, mkey: str) -> Manifest | None:
         try:
-            data = self.fs.cat_file(self._path(mkey))
+            data = self.fs.cat_file(self._path(mkey), start=0, end=MAX_MANIFEST_BYTES + 1)
         except FileNotFoundError:
             return None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"manifest at {self.root_uri}/{mkey} is larger than {MAX_MANIFEST_BYTES} bytes: not a manifest "
+                "this code wrote; refusing to read it"
+            )
         return Manifest.from_json_bytes(data, where=f"{self.root_uri}/{mkey}")
 
     def _get_checked(self, prefix: str, entry: ObjectEntry) -> bytes:

@@ -15,13 +15,25 @@ The public names of the first five are importable from here (``pipeline.update(r
 from ragen_tasks.pipeline.lineage import (
     fingerprint,
     history,
+    marker_fingerprint,
     policy_step,
+    recorded_fingerprint,
     run_for_iteration,
     run_in_force,
     trusted_fingerprints,
 )
 from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
-from ragen_tasks.pipeline.run import PRODUCER, Run, open_existing_run, open_run, run_of_checkpoint
+from ragen_tasks.pipeline.run import (
+    PRODUCER,
+    RESUMABLE_KEYS,
+    Run,
+    apply_changes,
+    check_can_start,
+    open_existing_run,
+    open_run,
+    recorded_changes,
+    run_of_checkpoint,
+)
 from ragen_tasks.pipeline.stages import (
     batch_limits,
     evaluate,
@@ -51,11 +63,14 @@ from ragen_tasks.pipeline.trainer import (
 
 __all__ = [
     "PRODUCER",
+    "RESUMABLE_KEYS",
     "Run",
     "Trainer",
     "TrainerHandoff",
+    "apply_changes",
     "batch_limits",
     "build_trainer",
+    "check_can_start",
     "evaluate",
     "evaluate_checkpoint",
     "evaluate_step",
@@ -68,11 +83,14 @@ __all__ = [
     "initial_eval",
     "iteration_row",
     "load_trainer",
+    "marker_fingerprint",
     "open_existing_run",
     "open_run",
     "play_checkpoint",
     "policy_step",
     "record_iteration",
+    "recorded_changes",
+    "recorded_fingerprint",
     "rollback",
     "rollout",
     "run_for_iteration",

@@ -41,10 +41,56 @@ def policy_step(run: Run, iteration: int) -> int:
     return int(previous["policy/next_step"])
 
 
+def marker_fingerprint(run: Run, step: int) -> str:
+    """sha256 of checkpoint ``step``'s weight file, as its own commit marker states it."""
+    marker_path = run.checkpoint_path(step, verify=False) / ckpt.MARKER
+    try:
+        return str(json.loads(marker_path.read_text())["fingerprint"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ckpt.CheckpointError(
+            f"checkpoint {marker_path.parent}: {ckpt.MARKER} is not a valid commit marker"
+        ) from e
+
+
+def recorded_fingerprint(run: Run, step: int) -> tuple[str, str] | None:
+    """(fingerprint, where) of checkpoint ``step`` as the run's lineage recorded it when the step was
+    committed: ``iter_0/summary/initial_policy`` for step 0, else the update (or guard rollback)
+    manifest of the iteration that committed it. None while that record is not written yet (the
+    committing stage itself, or a retry of it)."""
+    if step == 0:
+        if not run.store.has_manifest(run.run_id, 0, "summary", "initial_policy"):
+            return None
+        manifest = run.store.read_manifest(run.run_id, 0, "summary", "initial_policy")
+        return manifest.weights_fingerprint, run.store.uri(run.run_id, 0, "summary", "initial_policy")
+    # Iteration k commits step policy_step(k) + 1 (+ 1 more after a rollback), so the committing
+    # iteration is at most step - 1, and walking down, the first committed update below ``step`` ends the search.
+    for k in range(step - 1, -1, -1):
+        if run.store.has_manifest(run.run_id, k, "update", "rollback"):
+            rolled, manifest = run.store.read_json(run.run_id, k, "update", "rollback")
+            if int(rolled["new_step"]) == step:
+                return str(rolled["fingerprint"]), run.store.uri(run.run_id, k, "update", "rollback")
+        if run.store.has_manifest(run.run_id, k, "update", "metrics"):
+            manifest = run.store.read_manifest(run.run_id, k, "update", "metrics")
+            if manifest.policy_version == step:
+                return manifest.weights_fingerprint, run.store.uri(run.run_id, k, "update", "metrics")
+            if manifest.policy_version < step:
+                return None
+    return None
+
+
 def fingerprint(run: Run, step: int) -> str:
-    """sha256 of checkpoint ``step``'s weight file, as recorded in its commit marker."""
-    marker = run.checkpoint_path(step, verify=False) / ckpt.MARKER
-    return str(json.loads(marker.read_text())["fingerprint"])
+    """sha256 of checkpoint ``step``'s weights. The run's lineage is the authority: a checkpoint whose
+    marker states another fingerprint than the one recorded when the step was committed (files
+    replaced and the marker re-signed) is refused with CheckpointError."""
+    stated = marker_fingerprint(run, step)
+    recorded = recorded_fingerprint(run, step)
+    if recorded is not None and recorded[0] != stated:
+        raise ckpt.CheckpointError(
+            f"checkpoint {run.checkpoint_path(step, verify=False)}: its marker states fingerprint {stated[:12]}.. "
+            f"but the run recorded {recorded[0][:12]}.. for step {step} when it was committed ({recorded[1]}): "
+            "the checkpoint was replaced after commit; refusing it (restore the original or start a new run)"
+        )
+    return stated
 
 
 def trusted_fingerprints(run: Run, iteration: int, max_staleness: int) -> dict[int, str]:
@@ -74,7 +120,9 @@ def run_in_force(base: Run, iteration: int, rows: Sequence[Mapping[str, Any]] | 
     rules = guard.rules(base.config.guard)
     if rows is None:  # the guard looks back at most max_patience + 1 signal-free rows since a rollback
         rows = history(base, before=iteration, last=4 * (guard.max_patience(rules) + 1))
-    protect = {policy_step(base, iteration)} | guard.rollback_candidates(guard.since_last_rollback(rows), rules)
+    protect = {policy_step(base, iteration)}
+    if base.config.guard.action in ("stop", "rollback"):  # only these ever go back to an older checkpoint
+        protect |= guard.rollback_candidates(guard.since_last_rollback(rows), rules)
     return replace(base, config=guard.in_force(rows).apply(base.config), protect_steps=frozenset(protect))
 
 

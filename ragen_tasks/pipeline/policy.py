@@ -9,7 +9,7 @@ import numpy as np
 
 from ragen_tasks.config import EnvSpec, TrainConfig
 from ragen_tasks.data.trajectory import Trajectory
-from ragen_tasks.evaluation import aggregate
+from ragen_tasks.evaluation import MAX_EVAL_SEEDS, aggregate
 from ragen_tasks.models.loading import load_policy
 from ragen_tasks.rollout.engine import SamplingParams
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, run_rollouts
@@ -64,8 +64,12 @@ def evaluate_checkpoint(
     by_name = {s.name: s for s in config.envs}
     specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
     offset = config.eval.seed_offset if seed_offset is None else seed_offset
-    tasks = make_eval_tasks(specs, seeds or config.eval.seeds, offset)
-    verified = ckpt.verify_checkpoint(Path(path)) if (Path(path) / ckpt.MARKER).exists() else {}
+    count = seeds or config.eval.seeds
+    if count > MAX_EVAL_SEEDS:
+        raise ValueError(f"seeds={count}: at most {MAX_EVAL_SEEDS} held-out seeds per env in one evaluation")
+    # A RAGEN checkpoint must be committed and intact; a plain model folder (no training state) is evaluated as is.
+    verified = ckpt.verify_checkpoint(Path(path)) if ckpt.is_checkpoint_folder(Path(path)) else {}
+    tasks = make_eval_tasks(specs, count, offset)
     # The sampling noise follows the seeds too: two blocks of held-out seeds get independent samples.
     sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
     trajectories = play_checkpoint(

@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from ragen_tasks.config import TrainConfig
-from ragen_tasks.data.keys import check_run_id
+from ragen_tasks.config import ConfigError, TrainConfig, with_overrides
+from ragen_tasks.data.keys import check_run_id, checkpoint_key
 from ragen_tasks.data.store import Store
 from ragen_tasks.training import checkpoint as ckpt
 
 PRODUCER = "ragen_tasks.pipeline"  # the producer named in the manifests the stages commit
+
+#: What a resumed run may change, explicitly (``ragen train --resume-set KEY=VALUE``), recorded in the
+#: run: optimizer settings that change how the next updates step, not what a checkpoint holds. The
+#: way to continue a run that diverged with a lower learning rate.
+RESUMABLE_KEYS = (
+    "optim.lr",
+    "optim.critic_lr",
+    "optim.max_grad_norm",
+    "optim.weight_decay",
+    "optim.max_consecutive_skips",
+    "optim.max_weight_abs",
+)
+_CHANGE = "config-change-{:03d}"  # iter_000000/summary/<name>: the recorded --resume-set changes, in order
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,22 @@ class Run:
         if not self.is_local:
             self.store.upload_checkpoint(ckpt.step_dir(self.checkpoint_root, step), self.run_id, step)
 
+    def prune_store_checkpoints(self) -> None:
+        """On an s3:// store, delete the checkpoints in the bucket that ``checkpoint.keep_last`` no
+        longer keeps (the same rule as the local scratch; no-op on a local store, whose run folder is
+        the scratch)."""
+        if self.is_local:
+            return
+        steps = self.store.list_checkpoints(self.run_id)
+        doomed = ckpt.steps_to_prune(steps, keep_last=self.config.checkpoint.keep_last, protect=self.protect_steps)
+        # and the uncommitted folders of older steps: what an upload or a prune killed half-way left
+        newest = max(steps, default=-1)
+        doomed += [
+            s for s in self.store.list_checkpoints(self.run_id, committed=False) if s < newest and s not in steps
+        ]
+        for step in doomed:
+            self.store.remove_dir(checkpoint_key(self.run_id, step))
+
 
 def open_run(config: TrainConfig, run_id: str | None = None) -> Run:
     """The run for ``config``: ``run_id`` (or ``config.run_id``, or ``<preset>-<UTC time>``)."""
@@ -74,7 +105,8 @@ def open_run(config: TrainConfig, run_id: str | None = None) -> Run:
 
 def open_existing_run(run: str) -> Run:
     """An existing run from its folder (``runs/<id>``) or URI (``s3://bucket/prefix/<id>``), with the
-    config it was started with. Raises FileNotFoundError naming what is missing."""
+    config it was started with and the ``--resume-set`` changes recorded since. Raises
+    FileNotFoundError naming what is missing."""
     root, _, run_id = run.rstrip("/").rpartition("/")
     store = Store(root or ".")
     if not store.has_manifest(check_run_id(run_id), 0, "summary", "config"):
@@ -82,7 +114,97 @@ def open_existing_run(run: str) -> Run:
             f"{run!r} is not a RAGEN run: no committed config at {store.uri(run_id, 0, 'summary', 'config')}"
         )
     stored, _ = store.read_json(run_id, 0, "summary", "config")
-    return Run(config=TrainConfig.model_validate(stored), run_id=run_id, store=store)
+    config = apply_changes(TrainConfig.model_validate(stored), recorded_changes(store, run_id))
+    return Run(config=config, run_id=run_id, store=store)
+
+
+def check_resumable(changes: Mapping[str, Any]) -> None:
+    """Only ``RESUMABLE_KEYS`` may change on resume: raise ConfigError naming the first other key."""
+    for key in changes:
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(
+                f"--resume-set {key}: only these settings may change when a run resumes: {', '.join(RESUMABLE_KEYS)}; "
+                "start a new run (another --run-id) to change anything else"
+            )
+
+
+def recorded_changes(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The run's recorded ``--resume-set`` changes, oldest first: ``{"set", "previous", "from_iteration"}``."""
+    changes: list[dict[str, Any]] = []
+    while store.has_manifest(run_id, 0, "summary", _CHANGE.format(len(changes) + 1)):
+        changes.append(dict(store.read_json(run_id, 0, "summary", _CHANGE.format(len(changes) + 1))[0]))
+    return changes
+
+
+def record_change(store: Store, run_id: str, change: Mapping[str, Any]) -> None:
+    """Append one ``--resume-set`` change to the run's record (create-only, like every commit)."""
+    name = _CHANGE.format(len(recorded_changes(store, run_id)) + 1)
+    store.write_json(run_id, 0, "summary", name, dict(change), producer=PRODUCER)
+
+
+def apply_changes(config: TrainConfig, changes: list[dict[str, Any]]) -> TrainConfig:
+    for change in changes:
+        config = with_overrides(config, change["set"])
+    return config
+
+
+def check_can_start(config: TrainConfig, run_id: str | None, resume_set: Mapping[str, Any] | None = None) -> None:
+    """What can be checked before any work (and before Prefect starts): the run id's syntax, the store's
+    scheme and writability, that no live process holds the run, and that a resumed run keeps its
+    config. Each failure raises an error whose message is one line (ValueError, UnsafeKeyError,
+    StoreNotWritableError, ConfigError, RunLeaseError)."""
+    from ragen_tasks.pipeline.lease import check_free
+
+    check_resumable(resume_set or {})
+    rid = run_id or config.run_id
+    if rid is not None:
+        check_run_id(rid)
+    store = Store(config.store.root)
+    store.check_writable()
+    if rid is None:
+        return
+    check_free(store, rid, config.store.lease_stale_s)
+    if store.has_manifest(rid, 0, "summary", "config"):
+        changes = [*recorded_changes(store, rid), {"set": dict(resume_set or {})}]
+        stored = apply_changes(TrainConfig.model_validate(store.read_json(rid, 0, "summary", "config")[0]), changes)
+        current = apply_changes(config, changes)
+        check_same_config(stored.model_dump(mode="json"), current.model_dump(mode="json"), store.uri(rid))
+    elif resume_set:
+        raise ConfigError(f"--resume-set: run {store.uri(rid)} does not exist yet; use --set to configure a new run")
+
+
+#: Config keys a resume may differ in without being another experiment: the length of the run and
+#: where the store is (a run folder may be moved or copied; its id and its contents are the run).
+_RESUME_FREE = ("iterations", "preset", "run_id", "store.root", "store.storage_options", "store.lease_stale_s")
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value and key != "config":  # an env's options compare as one value
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """Resuming with another config would silently mix two experiments: refuse, naming the keys and
+    the values. ``iterations`` may grow (extend a finished run); the store may have moved;
+    ``RESUMABLE_KEYS`` change only through ``--resume-set`` (recorded)."""
+    a, b = _flat(stored), _flat(current)
+    diffs = sorted(k for k in set(a) | set(b) if k not in _RESUME_FREE and a.get(k) != b.get(k))
+    if diffs:
+        shown = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs[:5])
+        hint = ""
+        if all(k in RESUMABLE_KEYS for k in diffs):
+            hint = "; to change it for the rest of this run, resume with " + " ".join(
+                f"--resume-set {k}={b.get(k)}" for k in diffs
+            )
+        raise ConfigError(
+            f"run {where} already exists with a different config (differs in: {shown}){hint}; "
+            "or use a new run id, or the same settings to resume"
+        )
 
 
 def run_of_checkpoint(path: Path) -> Run | None:

@@ -30,15 +30,23 @@ from typing import Any
 import torch
 
 from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
-from ragen_tasks.config import TrainConfig
+from ragen_tasks.config import ConfigError, TrainConfig, with_overrides
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.token_batch import collate_table
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.guard import GuardDecision
 from ragen_tasks.models.presets import PRESETS
-from ragen_tasks.pipeline.lineage import fingerprint, policy_step, trusted_fingerprints
+from ragen_tasks.pipeline.lineage import fingerprint, marker_fingerprint, policy_step, trusted_fingerprints
 from ragen_tasks.pipeline.policy import evaluate_checkpoint, play_checkpoint
-from ragen_tasks.pipeline.run import PRODUCER, Run
+from ragen_tasks.pipeline.run import (
+    PRODUCER,
+    Run,
+    apply_changes,
+    check_resumable,
+    check_same_config,
+    record_change,
+    recorded_changes,
+)
 from ragen_tasks.pipeline.trainer import (
     TrainerHandoff,
     build_trainer,
@@ -49,50 +57,79 @@ from ragen_tasks.pipeline.trainer import (
     warm_started_policy,
 )
 from ragen_tasks.rollout.loop import RolloutTask, make_group_tasks
+from ragen_tasks.training import checkpoint as ckpt
 from ragen_tasks.training.critic import make_reference
-from ragen_tasks.training.update import ppo_update
-from ragen_tasks.validation.batch import BatchLimits, validate_stored_batch
+from ragen_tasks.training.update import DivergedUpdateError, NonFiniteUpdateError, diverged_weights, ppo_update
+from ragen_tasks.validation.batch import BatchLimits, BatchValidationError, read_or_quarantine, validate_stored_batch
 
 log = logging.getLogger(__name__)
 
 
-def init_run(run: Run, *, progress: Any = None) -> dict[str, Any]:
+def init_run(run: Run, *, progress: Any = None, resume_set: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Create (or resume) the run: config recorded, initial policy committed as checkpoint step 0.
 
     Returns ``{"run_id", "start_iteration", "warm_start"}``. The initial policy is the model of
     ``config.model``; for the built-in presets (random init) the warm start runs first when enabled.
+    ``resume_set``: optimizer settings to change on an existing run (``RESUMABLE_KEYS``), recorded in
+    the run and in force from the iteration it resumes at.
     """
     config = run.config
+    done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
+    start = 0 if done is None else done + 1
+    if resume_set:
+        check_resumable(resume_set)
+        if not run.store.has_manifest(run.run_id, 0, "summary", "config"):
+            raise ConfigError(f"--resume-set: run {run.uri} does not exist yet; use --set to configure a new run")
     run.store.write_json(run.run_id, 0, "summary", "config", config.model_dump(mode="json"), producer=PRODUCER)
     stored_config, _ = run.store.read_json(run.run_id, 0, "summary", "config")  # the first start's, on a resume
-    _check_same_config(stored_config, config.model_dump(mode="json"), run.uri)
-    if step_missing(run, 0):
-        source: str | Path = config.model.name_or_path
-        warm: dict[str, Any] = {}
-        if config.warm_start.enabled and config.model.name_or_path in PRESETS:
-            source, warm = warm_started_policy(run, progress=progress)
-        # Its record first: a retry after a crash before the checkpoint commit finds the cached warm start.
-        run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
-        save_trainer(run, build_trainer(config, source), 0)
-    else:
+    stored = apply_changes(TrainConfig.model_validate(stored_config), recorded_changes(run.store, run.run_id))
+    if resume_set and any(_dotted(stored.model_dump(mode="json"), k) != v for k, v in resume_set.items()):
+        previous = {k: _dotted(stored.model_dump(mode="json"), k) for k in resume_set}
+        record_change(run.store, run.run_id, {"set": dict(resume_set), "previous": previous, "from_iteration": start})
+        log.warning("run %s: from iteration %d on, %s (was %s)", run.run_id, start, dict(resume_set), previous)
+        stored = with_overrides(stored, resume_set)
+    # What the run records is in force on both sides; what may differ (iterations, store location) is not compared.
+    current = apply_changes(config, recorded_changes(run.store, run.run_id))
+    check_same_config(stored.model_dump(mode="json"), current.model_dump(mode="json"), run.uri)
+    if not run.store.has_manifest(run.run_id, 0, "summary", "initial_policy"):
+        # Checkpoint 0 was never committed (a first start, or a crash before its commit). Once it was,
+        # the record below says so: a resume after pruning never rebuilds it (nor re-runs the warm start).
+        fp: str | None = None
+        if not step_missing(run, 0):
+            republish(run, 0)
+            fp = marker_fingerprint(run, 0)
+        elif done is None:
+            source: str | Path = config.model.name_or_path
+            warm: dict[str, Any] = {}
+            if config.warm_start.enabled and config.model.name_or_path in PRESETS:
+                source, warm = warm_started_policy(run, progress=progress)
+            # Its record first: a retry after a crash before the checkpoint commit finds the cached warm start.
+            run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
+            ckpt.seed_global_rngs(config.seed, 0)  # rng.pt of checkpoint 0: the same in identical runs
+            fp = save_trainer(run, build_trainer(config, source), 0).fingerprint
+        # else: a run recorded before this record existed, whose checkpoint 0 was pruned: nothing to rebuild
+        if fp is not None:
+            run.store.write_json(
+                run.run_id,
+                0,
+                "summary",
+                "initial_policy",
+                {"step": 0, "fingerprint": fp},
+                producer=PRODUCER,
+                policy_version=0,
+                weights_fingerprint=fp,
+            )
+    elif not step_missing(run, 0):
         republish(run, 0)
     warm, _ = run.store.read_json(run.run_id, 0, "summary", "warm_start")
     initial_eval(run)  # before RL (after the warm start): what summary.json compares the final policy with
-    done = run.store.last_committed_iteration(run.run_id, "summary", "summary")
-    return {"run_id": run.run_id, "start_iteration": 0 if done is None else done + 1, "warm_start": warm}
+    return {"run_id": run.run_id, "start_iteration": start, "warm_start": warm}
 
 
-def _check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
-    """Resuming with another config would silently mix two experiments: refuse, naming the keys.
-    ``iterations`` may grow (extend a finished run)."""
-    diffs = sorted(
-        k for k in set(stored) | set(current) if k not in ("iterations", "preset") and stored.get(k) != current.get(k)
-    )
-    if diffs:
-        raise ValueError(
-            f"run {where} already exists with a different config (differs in: {', '.join(diffs)}); "
-            "use a new run id, or the same settings to resume"
-        )
+def _dotted(data: Mapping[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, Mapping) else None  # type: ignore[assignment]
+    return data
 
 
 def initial_eval(run: Run) -> dict[str, Any]:
@@ -216,7 +253,12 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
 def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> dict[str, Any]:
     """One StarPO update on the iteration's batch: policy step ``s = policy_step(run, iteration)`` ->
     ``s + 1`` (always the newest step: steps only grow). ``handoff``: where the previous update of
-    this process left its trainer (None: load it from the checkpoint)."""
+    this process left its trainer (None: load it from the checkpoint).
+
+    The update's metrics commit inside checkpoint ``s + 1`` (its ``metadata.json``), so a retry that
+    finds the checkpoint committed but not the metrics manifest restores them exactly. An update
+    whose weights come out non-finite or beyond ``optim.max_weight_abs`` is never committed: it
+    raises DivergedUpdateError naming the cause and how to continue the run."""
     config = run.config
     t0 = time.perf_counter()
     step = policy_step(run, iteration)
@@ -224,32 +266,48 @@ def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> d
     if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
         stored, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
         return dict(stored)
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, Any]
     if not step_missing(run, new_step):  # a retry after the checkpoint committed but before the metrics did
         republish(run, new_step)
+        recorded = ckpt.read_metadata(run.checkpoint_path(new_step)) or {}
+        metrics = dict(recorded.get("update_metrics", {"checkpoint/step": float(new_step)}))
     else:
         trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
-        batch, _ = run.store.read_table(run.run_id, iteration, "batch")
+        ckpt.seed_global_rngs(config.seed, new_step)  # rng.pt: the same whether the trainer was loaded or handed on
+        batch = _read_batch(run, iteration)
         if batch.num_rows:
             pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
             ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
             device = next(trainer.actor_module.parameters()).device
-            metrics = ppo_update(
-                collate_table(batch, pad_id=pad_id).to(device),
-                actor=trainer.train_models["actor"],
-                algo=config.algo,
-                optim=config.optim,
-                generator=trainer.generator,
-                critic=trainer.train_models.get("critic"),
-                ref_model=ref,
-            )
+            try:
+                metrics = ppo_update(
+                    collate_table(batch, pad_id=pad_id).to(device),
+                    actor=trainer.train_models["actor"],
+                    algo=config.algo,
+                    optim=config.optim,
+                    generator=trainer.generator,
+                    critic=trainer.train_models.get("critic"),
+                    ref_model=ref,
+                )
+            except NonFiniteUpdateError as exc:
+                raise NonFiniteUpdateError(f"iteration {iteration}: {exc}. {_continue_hint(run, step, 'lr')}") from None
+            problem = diverged_weights({"actor": trainer.actor_module, **trainer.models}, config.optim.max_weight_abs)
+            if problem is not None:
+                lr = "critic_lr" if problem.startswith("critic") else "lr"
+                steps, skipped = metrics.get("actor/steps", 0), metrics.get("actor/skipped_steps", 0)
+                raise DivergedUpdateError(
+                    f"iteration {iteration}: the update from checkpoint step {step} diverged: {problem} "
+                    f"(optim.{lr}={getattr(config.optim, lr):g}; {skipped:.0f} of {steps + skipped:.0f} optimizer "
+                    f"steps skipped for a non-finite gradient norm). Checkpoint step {new_step} was NOT committed. "
+                    f"{_continue_hint(run, step, lr)}"
+                )
         else:
             log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
             metrics = {"batch/trajectories": 0.0}
-        save_trainer(run, trainer, new_step)
+        metrics["checkpoint/step"] = float(new_step)
+        save_trainer(run, trainer, new_step, metadata={"update_metrics": _json_floats(metrics)})
         if handoff is not None:
             handoff.keep(run, trainer, new_step)
-    metrics["checkpoint/step"] = float(new_step)
     metrics["timing/update_stage_s"] = time.perf_counter() - t0  # checkpoint load/save + ppo_update (timing/update_s)
     finite = _json_floats(metrics)
     run.store.write_json(
@@ -260,9 +318,28 @@ def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> d
         finite,
         producer=PRODUCER,
         policy_version=new_step,
-        weights_fingerprint=fingerprint(run, new_step),
+        weights_fingerprint=marker_fingerprint(run, new_step),  # the lineage's record of step new_step
     )
     return finite
+
+
+def _continue_hint(run: Run, step: int, lr: str) -> str:
+    return (
+        f"The run can continue from checkpoint step {step} with a lower learning rate: "
+        f"ragen train <same preset and --set> --run-id {run.run_id} --resume-set optim.{lr}=<lower> "
+        "(the change is recorded in the run)"
+    )
+
+
+def _read_batch(run: Run, iteration: int) -> Any:
+    """The iteration's training batch; one that cannot be read back is quarantined together with the
+    filter's summary, so a rerun filters the rollouts again and commits the batch anew."""
+    try:
+        return read_or_quarantine(run.store, run.run_id, iteration, "batch")[0]
+    except BatchValidationError:
+        if run.store.has_manifest(run.run_id, iteration, "batch", "summary"):
+            run.store.quarantine(run.run_id, iteration, "batch", "summary", {"reason": "its batch was quarantined"})
+        raise
 
 
 def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
@@ -278,9 +355,10 @@ def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[s
             iteration,
             "update",
             "rollback",
-            {"to_step": to_step, "new_step": new_step, "fingerprint": fingerprint(run, new_step)},
+            {"to_step": to_step, "new_step": new_step, "fingerprint": marker_fingerprint(run, new_step)},
             producer=PRODUCER,
             policy_version=new_step,
+            weights_fingerprint=marker_fingerprint(run, new_step),
         )
     result, _ = run.store.read_json(run.run_id, iteration, "update", "rollback")
     return dict(result)
@@ -301,6 +379,7 @@ def evaluate_step(
     run: Run, step: int, *, seeds: int | None = None, seed_offset: int | None = None, env_names: list[str] | None = None
 ) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
     """Held-out evaluation of policy version ``step`` of the run (deterministic given the seeds)."""
+    fingerprint(run, step)  # the lineage must agree with the checkpoint's marker
     return evaluate_checkpoint(
         run.config, run.checkpoint_path(step), seeds=seeds, seed_offset=seed_offset, env_names=env_names
     )

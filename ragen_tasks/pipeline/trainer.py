@@ -15,7 +15,7 @@ import torch
 
 from ragen_tasks.config import TrainConfig
 from ragen_tasks.models.loading import load_policy
-from ragen_tasks.pipeline.lineage import fingerprint
+from ragen_tasks.pipeline.lineage import fingerprint, marker_fingerprint
 from ragen_tasks.pipeline.run import PRODUCER, Run
 from ragen_tasks.training import checkpoint as ckpt
 from ragen_tasks.training.backend import TrainModel, make_optimizer, make_train_model
@@ -68,9 +68,12 @@ def build_trainer(config: TrainConfig, source: str | Path) -> Trainer:
     )
 
 
-def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
-    """Commit the trainer as checkpoint ``step``, prune old ones (never ``run.protect_steps``), mirror
-    it to the store."""
+def save_trainer(
+    run: Run, trainer: Trainer, step: int, *, metadata: dict[str, Any] | None = None
+) -> ckpt.CheckpointInfo:
+    """Commit the trainer as checkpoint ``step`` (with ``metadata``: what the step's commit must
+    cover, see ``checkpoint.save_checkpoint``), prune old ones (never ``run.protect_steps``), mirror
+    it to the store (where old ones are pruned too)."""
     info = ckpt.save_checkpoint(
         run.checkpoint_root,
         step,
@@ -79,9 +82,11 @@ def save_trainer(run: Run, trainer: Trainer, step: int) -> ckpt.CheckpointInfo:
         optimizers=dict(trainer.train_models),
         models=trainer.models,
         extra_state={"generator": trainer.generator.get_state()},
+        metadata=metadata,
     )
     ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
     run.publish_checkpoint(step)
+    run.prune_store_checkpoints()
     return info
 
 
@@ -90,6 +95,7 @@ def load_trainer(run: Run, step: int) -> Trainer:
     backend wraps, then the optimizer state goes in through the wrapper). The learning rates of the
     config in force win over the saved ones (a guard mitigation may have lowered them)."""
     path = run.checkpoint_path(step)
+    fingerprint(run, step)  # the run's lineage must agree with the marker (a re-signed checkpoint is refused)
     actor, tokenizer, models = _modules(run.config, path)
     info = ckpt.load_checkpoint(path, actor=actor, models=models)
     train_models = _wrap(run.config, actor, models)
@@ -129,7 +135,7 @@ class TrainerHandoff:
 
     def keep(self, run: Run, trainer: Trainer, step: int) -> None:
         """Hold ``trainer``, just saved as checkpoint ``step``."""
-        self._held = (run.checkpoint_path(step, verify=False), fingerprint(run, step), trainer)
+        self._held = (run.checkpoint_path(step, verify=False), marker_fingerprint(run, step), trainer)
 
 
 def step_missing(run: Run, step: int) -> bool:

@@ -105,7 +105,8 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f"={value!r}"
-        parts.append(f"{loc}{shown}: {err['msg']}" if loc else str(err["msg"]).removeprefix("Value error, "))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}{shown}: {message}" if loc else message)
     return f"{source}: " + "; ".join(parts)
 
 

@@ -8,6 +8,7 @@ A checkpoint is one folder ``{root}/step_{k:06d}/``::
     optim_{name}.pt          optimizer / scheduler state dicts (torch.save; loaded weights_only=True)
     rng.pt                   torch CPU (+ CUDA) RNG, python ``random`` and numpy RNG states
     extra_state.pt           caller's state (shuffle generator, counters ...; weights_only types only)
+    metadata.json            caller's JSON record committed with the weights (the update's metrics)
     COMMITTED.json           the marker, written LAST: step, policy version, fingerprint, sha256 of every file
 
 Protocol: every file is written into a fresh hidden temp folder, which is renamed into place; the
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED.json"
 WEIGHTS = "model.safetensors"
+METADATA = "metadata.json"
 FORMAT_VERSION = 1
 _TMP_PREFIX = ".tmp-"
 
@@ -93,6 +95,17 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_global_rngs(seed: int, step: int) -> None:
+    """Seed python's, numpy's and torch's global RNGs from (run seed, step). Nothing in the update
+    draws from them (shuffling has its own generator), but ``rng.pt`` records them: seeded, identical
+    runs write identical checkpoints, straight or resumed."""
+    material = np.random.SeedSequence([abs(int(seed)), int(step)]).generate_state(2, dtype=np.uint32)
+    value = int(material[0]) << 32 | int(material[1])
+    random.seed(value)
+    np.random.seed(int(material[0]))
+    torch.manual_seed(value)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -113,6 +126,7 @@ def save_checkpoint(
     extra_state: dict[str, Any] | None = None,
     policy_version: int | None = None,
     keep_last: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
     """Write and commit ``{root}/step_{step:06d}``; return its info.
 
@@ -121,6 +135,8 @@ def save_checkpoint(
     modules (e.g. ``{"critic": critic}``) saved as ``{name}.safetensors``. ``extra_state`` must hold
     only types ``torch.load(weights_only=True)`` accepts. ``policy_version`` defaults to ``step``.
     ``keep_last``: after this one commits, delete older committed checkpoints beyond the newest N.
+    ``metadata``: a JSON-able record saved as ``metadata.json``, covered by the marker like the
+    weights, so whatever the caller derives from this step (its metrics) commits with it.
     """
     if step < 0:
         raise ValueError(f"save_checkpoint: step={step} must be >= 0")
@@ -129,7 +145,9 @@ def save_checkpoint(
     final = step_dir(root, step)
     if (final / MARKER).exists():
         raise CheckpointError(f"{final} is already committed; refusing to overwrite a committed checkpoint")
-    for stale in root.glob(f"{_TMP_PREFIX}*"):  # leftovers of a save killed before its rename
+    # Leftovers of a save of this step killed before its rename (only this step's: another step's
+    # temp folder may belong to a save in progress).
+    for stale in root.glob(f"{_TMP_PREFIX}{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if final.exists():  # renamed but never committed: a save killed before the marker
         log.warning("removing uncommitted checkpoint folder %s", final)
@@ -148,7 +166,11 @@ def save_checkpoint(
         torch.save(obj.state_dict(), tmp / f"optim_{name}.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
+    if metadata is not None:
+        (tmp / METADATA).write_text(json.dumps(metadata, sort_keys=True))
     for p in tmp.iterdir():
+        # One mode for every file: safetensors writes through a temp file created 0600.
+        os.chmod(p, 0o644)
         with open(p, "rb") as f:
             os.fsync(f.fileno())
     _fsync_dir(tmp)
@@ -206,16 +228,48 @@ def latest_checkpoint(root: Path) -> CheckpointInfo | None:
     return found[-1] if found else None
 
 
-def prune(root: Path, *, keep_last: int, protect: Collection[int] = ()) -> None:
-    """Delete committed checkpoints older than the newest ``keep_last``, except the steps in
-    ``protect`` (e.g. the Echo-Trap guard's last healthy checkpoint), and nothing else."""
+def steps_to_prune(steps: Collection[int], *, keep_last: int, protect: Collection[int] = ()) -> list[int]:
+    """Which of the committed ``steps`` to delete so that ``keep_last`` remain: the newest always, the
+    ``protect``-ed ones (e.g. the Echo-Trap guard's rollback targets) next, then the newest others.
+    More than ``keep_last`` remain only when the protected ones alone need more room."""
     if keep_last < 1:
         raise ValueError(f"keep_last={keep_last} must be >= 1")
-    for info in committed_checkpoints(root)[:-keep_last]:
-        if info.step in protect:
-            continue
+    ordered = sorted(set(steps), reverse=True)
+    keep = set(ordered[:1]) | (set(protect) & set(ordered))
+    for step in ordered:
+        if len(keep) >= keep_last:
+            break
+        keep.add(step)
+    return sorted(set(ordered) - keep)
+
+
+def prune(root: Path, *, keep_last: int, protect: Collection[int] = ()) -> None:
+    """Delete committed checkpoints so that ``keep_last`` remain (see ``steps_to_prune``), and the
+    uncommitted folders of older steps: what a prune or a save killed half-way left behind (steps only
+    grow, so no save of an older step is in progress)."""
+    found = {info.step: info for info in committed_checkpoints(root)}
+    for step in steps_to_prune(found, keep_last=keep_last, protect=protect):
+        info = found[step]
         (info.path / MARKER).unlink()  # uncommit first: a half-deleted folder is never "committed"
         shutil.rmtree(info.path)
+    newest = max(found, default=-1)
+    for folder in Path(root).glob("step_*"):
+        number = folder.name.removeprefix("step_")
+        if number.isdigit() and int(number) < newest and not (folder / MARKER).exists():
+            log.warning("removing %s: an uncommitted folder left by an interrupted save or prune", folder)
+            shutil.rmtree(folder)
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """``path`` is (or was meant to be) a checkpoint written here: a commit marker, a ``step_*`` name,
+    or training state beside the weights. Such a folder is only used once committed and verified."""
+    path = Path(path)
+    return (
+        (path / MARKER).exists()
+        or path.name.startswith(("step_", _TMP_PREFIX))
+        or (path / "rng.pt").exists()
+        or (path / "extra_state.pt").exists()
+    )
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
@@ -231,9 +285,14 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         )
     try:
         marker: dict[str, Any] = json.loads(marker_path.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint {path}: {MARKER} is not valid JSON ({e})") from e
-    for name, digest in marker["files"].items():
+        files = marker["files"]
+        if not isinstance(files, dict) or WEIGHTS not in files or "fingerprint" not in marker:
+            raise ValueError(f"it must hold 'fingerprint' and 'files' naming {WEIGHTS}")
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {MARKER} is not a valid commit marker ({e})") from e
+    for name, digest in files.items():
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not isinstance(digest, str):
+            raise CheckpointError(f"checkpoint {path}: {MARKER} names an invalid file entry {name!r}")
         p = path / name
         if not p.is_file():
             raise CheckpointError(f"checkpoint {path}: file {name} listed in {MARKER} is missing")
@@ -243,9 +302,15 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
                 f"checkpoint {path}: {name} has sha256 {actual[:12]}.. but {MARKER} "
                 f"records {digest[:12]}..: the folder was modified after commit"
             )
-    if marker["fingerprint"] != marker["files"][WEIGHTS]:
+    if marker["fingerprint"] != files[WEIGHTS]:
         raise CheckpointError(f"checkpoint {path}: fingerprint does not match the hash of {WEIGHTS}")
     return marker
+
+
+def read_metadata(path: Path) -> dict[str, Any] | None:
+    """The ``metadata.json`` record of a verified checkpoint folder, or None if it was saved without one."""
+    f = Path(path) / METADATA
+    return dict(json.loads(f.read_text())) if f.is_file() else None
 
 
 def load_weights(actor: torch.nn.Module, path: Path) -> None:

@@ -48,6 +48,27 @@ class NonFiniteUpdateError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
 
+class DivergedUpdateError(NonFiniteUpdateError):
+    """An update left non-finite weights, or weights beyond ``optim.max_weight_abs``."""
+
+
+@torch.no_grad()
+def diverged_weights(modules: dict[str, nn.Module], max_abs: float) -> str | None:
+    """Why the weights of ``modules`` must not be committed (a non-finite value, or |w| > ``max_abs``),
+    naming the module and the parameter; None if they are fine. Parameters partitioned away from this
+    rank (ZeRO-3: empty placeholders) are skipped."""
+    for name, module in modules.items():
+        for pname, p in module.named_parameters():
+            if p.numel() == 0:
+                continue
+            if not bool(torch.isfinite(p).all()):
+                return f"{name} weight {pname!r} holds non-finite values"
+            largest = float(p.abs().max())
+            if largest > max_abs:
+                return f"{name} weight {pname!r} reached |w| = {largest:.3g} > optim.max_weight_abs={max_abs:g}"
+    return None
+
+
 @dataclass(frozen=True)
 class OldPass:
     """What the models said about the batch before this update (no grad); all (B, T), 0 on padding."""

@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ragen_tasks.data.manifest import CorruptObjectError
 from ragen_tasks.data.trajectory import (
     ARROW_SCHEMA,
     SCHEMA_VERSION,
@@ -296,11 +297,30 @@ def validate_table(
     return ValidationOutcome(success=bool(result.success), failed=failed, result=as_json)
 
 
+def read_or_quarantine(
+    store: Store, run_id: str, iteration: int, stage: str, name: str = "trajectories"
+) -> tuple[pa.Table, Manifest]:
+    """The committed batch as a table; if it cannot be read back, quarantine it and raise
+    BatchValidationError saying that a rerun re-produces it."""
+    try:
+        return store.read_table(run_id, iteration, stage, name)
+    except CorruptObjectError as exc:
+        where = store.quarantine(run_id, iteration, stage, name, {"read_error": str(exc)})
+        raise BatchValidationError(
+            f"batch {store.uri(run_id, iteration, stage)} could not be read ({exc}). It was moved to {where} and "
+            "will not be trained on; run the same command again to produce it again.",
+            failed=["readable"],
+            quarantine_uri=where,
+        ) from exc
+
+
 def validate_stored_batch(
     store: Store, run_id: str, iteration: int, stage: str, *, limits: BatchLimits, name: str = "trajectories"
 ) -> tuple[list[Trajectory], Manifest]:
-    """Validate a committed batch; on failure quarantine it and raise BatchValidationError."""
-    table, manifest = store.read_table(run_id, iteration, stage, name)
+    """Validate a committed batch; on failure quarantine it and raise BatchValidationError. A batch
+    that cannot be read back (changed after commit, or not Parquet) is quarantined the same way, so
+    a rerun of the stage that produced it produces it again instead of failing on it forever."""
+    table, manifest = read_or_quarantine(store, run_id, iteration, stage, name)
     outcome = validate_table(
         table, limits=limits, policy_version=manifest.policy_version, weights_fingerprint=manifest.weights_fingerprint
     )

@@ -295,3 +295,34 @@ def _checkpoint_folder(store_root: str) -> Path:
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights")
     return folder
+
+
+def test_an_oversized_manifest_is_refused_without_reading_it_whole(store_root: str) -> None:
+    """A hostile bucket can plant a huge 'manifest': the reader reads at most the bound, then refuses."""
+    from ragen_tasks.data.store import MAX_MANIFEST_BYTES
+
+    store = Store(store_root)
+    store.put_object("run1/iter_000000/tasks/tasks.manifest.json", b" " * (MAX_MANIFEST_BYTES + 10))
+    with pytest.raises(ManifestError, match="larger than"):
+        store.read_json("run1", 0, "tasks", "tasks")
+
+
+def test_a_committed_json_object_that_does_not_parse_is_a_corrupt_object(store_root: str) -> None:
+    import hashlib
+
+    from ragen_tasks.data.manifest import CorruptObjectError
+
+    store = Store(store_root)
+    manifest = store.write_json("run1", 0, "tasks", "tasks", [1, 2], producer="t")
+    entry = manifest.objects[0]
+    garbage = b"\xff not json"
+    store.put_object(f"run1/iter_000000/tasks/{entry.name}", garbage)
+    resigned = type(manifest)(
+        **{
+            **manifest.__dict__,
+            "objects": (type(entry)(entry.name, hashlib.sha256(garbage).hexdigest(), len(garbage), 1),),
+        }
+    )
+    store.put_object("run1/iter_000000/tasks/tasks.manifest.json", resigned.to_json_bytes())
+    with pytest.raises(CorruptObjectError, match="not valid JSON"):
+        store.read_json("run1", 0, "tasks", "tasks")

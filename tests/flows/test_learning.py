@@ -67,6 +67,11 @@ def test_regression_gate(trained: dict[str, Any], tmp_path: Path) -> None:
         k: (v[torch.randperm(v.shape[0], generator=generator)] if v.dim() == 2 else v) for k, v in weights.items()
     }
     save_file(weights, damaged / ckpt.WEIGHTS, metadata={"format": "pt"})
-    (damaged / ckpt.MARKER).unlink()  # no longer the committed checkpoint: evaluate it as a plain model folder
+    # No longer the committed checkpoint: keep only the model files and evaluate it as a plain model
+    # folder (a checkpoint folder without its marker is refused as uncommitted).
+    for name in (ckpt.MARKER, "rng.pt", "extra_state.pt", ckpt.METADATA):
+        (damaged / name).unlink(missing_ok=True)
+    for optimizer in damaged.glob("optim_*.pt"):
+        optimizer.unlink()
     with pytest.raises(RegressionError, match="REGRESSED"):
         regression_eval(checkpoint=str(damaged), baseline=str(baseline), seeds=64, preset="bandit-tiny")

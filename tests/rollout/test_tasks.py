@@ -9,7 +9,7 @@ import pytest
 from ragen_tasks.config import EnvSpec
 from ragen_tasks.rollout.loop import make_eval_tasks, make_group_tasks
 
-SPECS = [EnvSpec(name="bandit", weight=1.0), EnvSpec(name="sokoban", weight=3.0, config={"size": 6})]
+SPECS = [EnvSpec(name="bandit", weight=1.0), EnvSpec(name="sokoban", weight=3.0, config={"num_boxes": 1})]
 
 
 def test_groups_share_the_initial_state_and_differ_between_groups() -> None:
@@ -22,7 +22,7 @@ def test_groups_share_the_initial_state_and_differ_between_groups() -> None:
     assert len({next(iter(v))[1] for v in by_group.values()}) == 8  # distinct seeds (astronomically likely)
     counts = Counter(next(iter(v))[0] for v in by_group.values())
     assert counts == {"bandit": 2, "sokoban": 6}
-    assert all(t.env_config == {"size": 6} for t in tasks if t.env_name == "sokoban")
+    assert all(t.env_config == {"num_boxes": 1} for t in tasks if t.env_name == "sokoban")
 
 
 def test_seeds_are_deterministic_and_depend_on_iteration_and_seed() -> None:
@@ -36,7 +36,7 @@ def test_seeds_are_deterministic_and_depend_on_iteration_and_seed() -> None:
 
 def test_largest_remainder_split_and_offsets() -> None:
     tasks = make_group_tasks(
-        [EnvSpec(name="a"), EnvSpec(name="b"), EnvSpec(name="c")],
+        [EnvSpec(name="bandit"), EnvSpec(name="sokoban"), EnvSpec(name="frozen_lake")],
         groups=4,
         group_size=1,
         seed=0,

@@ -76,3 +76,16 @@ def test_keep_last_prunes_only_after_commit(tmp_path):
     marker = json.loads((tmp_path / "step_000004" / ckpt.MARKER).read_text())
     assert set(marker["files"]) >= {"model.safetensors", "config.json", "optim_actor.pt", "rng.pt"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003", "step_000004"]
+
+
+def test_prune_removes_what_an_interrupted_prune_left(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A prune killed between uncommitting a folder and deleting it leaves an uncommitted folder of an
+    old step: the next prune removes it, and never touches a committed or newer folder."""
+    actor = tiny_actor()
+    opt = torch.optim.AdamW(actor.parameters(), lr=1e-3)
+    for step in (0, 1, 2):
+        ckpt.save_checkpoint(tmp_path, step, actor=actor, optimizers={"actor": opt})
+    (ckpt.step_dir(tmp_path, 0) / ckpt.MARKER).unlink()  # the kill came after this line of prune
+    ckpt.step_dir(tmp_path, 3).mkdir()  # a newer folder being written: left alone
+    ckpt.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000001", "step_000002", "step_000003"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
@@ -147,11 +148,47 @@ def test_failing_batch_is_quarantined(backend: str, tmp_path: Path, request: pyt
     assert not store.has_manifest("run1", 4, "batch")  # no longer committed: never trained on
     with pytest.raises(ManifestError):
         store.read_trajectories("run1", 4, "batch")
-    q = f"{store._root}/run1/quarantine/iter_000004/batch"
+    q = f"{store._root}/run1/quarantine/iter_000004/batch/q-000001"
     result = json.loads(store.fs.cat_file(f"{q}/trajectories.validation.json"))
     assert set(err.value.failed) == set(result["failed"]) and result["gx"]["success"] is False
     assert store.fs.exists(f"{q}/{manifest.objects[0].name}") and store.fs.exists(f"{q}/trajectories.manifest.json")
     assert not store.fs.exists(f"{store._root}/run1/iter_000004/batch/{manifest.objects[0].name}")
+
+    # The same iteration quarantined again (a re-produced batch that fails again) keeps the first record.
+    store.write_trajectories("run1", 4, "batch", batch[:4], **W)
+    with pytest.raises(BatchValidationError) as again:
+        validate_stored_batch(store, "run1", 4, "batch", limits=LIMITS)
+    assert again.value.quarantine_uri and again.value.quarantine_uri.endswith("q-000002")
+    assert json.loads(store.fs.cat_file(f"{q}/trajectories.validation.json")) == result
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_unreadable_committed_batch_is_quarantined(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A committed batch whose bytes are not Parquet (a hostile or broken writer re-signed its manifest)
+    is quarantined like a failed validation, so the stage that produces it can run again."""
+    root = str(tmp_path)
+    if backend == "s3":
+        import boto3
+
+        boto3.client("s3", endpoint_url=request.getfixturevalue("s3_server")).create_bucket(Bucket="unreadable")
+        root = "s3://unreadable/runs"
+    store = Store(root)
+    manifest = store.write_trajectories("run1", 2, "rollouts", factory.make_batch(4), **W)
+    garbage = b"not parquet at all" * 10
+    name = manifest.objects[0].name
+    prefix = f"{store._root}/run1/iter_000002/rollouts"
+    store.fs.pipe_file(f"{prefix}/{name}", garbage)
+    entry = dataclasses.replace(manifest.objects[0], sha256=hashlib.sha256(garbage).hexdigest(), size=len(garbage))
+    resigned = dataclasses.replace(manifest, objects=(entry,))
+    store.fs.pipe_file(f"{prefix}/trajectories.manifest.json", resigned.to_json_bytes())
+    with pytest.raises(BatchValidationError, match="could not be read") as err:
+        validate_stored_batch(store, "run1", 2, "rollouts", limits=LIMITS)
+    assert err.value.quarantine_uri and err.value.quarantine_uri.endswith("rollouts/q-000001")
+    assert not store.has_manifest("run1", 2, "rollouts")  # a rerun of the rollout stage produces it again
+    store.write_trajectories("run1", 2, "rollouts", factory.make_batch(4), **W)
+    assert len(validate_stored_batch(store, "run1", 2, "rollouts", limits=LIMITS)[0]) == 4
 
 
 def test_passing_batch_is_returned(tmp_path: Path) -> None:
