@@ -6,6 +6,7 @@ Commands import their heavy dependencies inside the command body so ``ragen --he
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ app = typer.Typer(
 @app.callback()
 def _main() -> None:
     """RAGEN: train LLM agents with multi-turn RL (StarPO / StarPO-S)."""
+    # Without a Prefect API configured, flows start Prefect's temporary server and wait for it for
+    # 20 s by default: too short on a loaded 2-core machine, where the run then dies before it
+    # starts. A user's own setting wins.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
