@@ -78,8 +78,9 @@ def measured(summary: dict[str, Any], store: Path, wall: float) -> dict[str, Any
     fired, rules = first_firing(rows, guard.rules(run.config.guard))
 
     def ratio(key: str) -> float:
-        first, last = rows[0].get(key), rows[-1].get(key)
-        return float(last) / float(first) if first else math.nan
+        """The metric at the last iteration that has it over its value at the first."""
+        values = [float(row[key]) for row in rows if row.get(key) is not None]
+        return values[-1] / values[0] if values and values[0] else math.nan
 
     return {
         "run_id": summary["run_id"],
@@ -149,7 +150,9 @@ def main() -> None:
     for preset in args.presets:
         results: dict[str, list[dict[str, Any]]] = {}
         for label, overrides in variants(args.finding, preset, args):
-            tag = label.lower().replace(" ", "-").replace("/", "").replace("(", "").replace(")", "")
+            # The preset's own arm is the same command as bench/science.py's run: share it.
+            tag = "science" if not overrides else label.lower().replace(" ", "-").replace("/", "").replace("(", "")
+            tag = tag.replace(")", "")
             for seed in args.seeds:
                 summary, wall, _cpu = train(preset, seed, args.store, [*overrides, *args.overrides], tag=tag)
                 results.setdefault(label, []).append(measured(summary, args.store, wall))

@@ -68,14 +68,19 @@ def train(
 
 def success(checkpoint: Path, env: str, seeds: int, offset: int, temperature: float) -> float:
     """Held-out success of ``checkpoint`` on ``env`` (the config of the run that made it), sampled
-    at ``temperature``."""
+    at ``temperature``. Kept beside the run (``bench-eval-*.json``), so rerunning the table (e.g.
+    with more runs) evaluates only what is new."""
     from ragen_tasks import pipeline
 
     run = pipeline.run_of_checkpoint(checkpoint)
     if run is None:
         raise SystemExit(f"{checkpoint} is not inside a run folder")
+    kept = checkpoint.parents[1] / f"bench-eval-{checkpoint.name}-{env}-T{temperature:g}-{offset}-{seeds}.json"
+    if kept.exists():
+        return float(json.loads(kept.read_text())["success"])
     config = run.config.model_copy(update={"eval": run.config.eval.model_copy(update={"temperature": temperature})})
     per_env, _ = pipeline.evaluate_checkpoint(config, checkpoint, seeds=seeds, seed_offset=offset, env_names=[env])
+    kept.write_text(json.dumps(per_env[env]) + "\n")
     return float(per_env[env]["success"])
 
 
