@@ -124,9 +124,9 @@ def test_cluster_deployment_runs_the_image_named_by_its_prefect_variable(dep: di
 
 
 def test_every_deployment_names_its_own_pull_step() -> None:
-    """No top-level pull: an ad-hoc deployment must not inherit the image's /opt/ragen."""
+    """An ad-hoc deployment inherits the top-level pull step: the local checkout, never the image's /opt/ragen."""
     data = load()
-    assert data["pull"] == []
+    assert data["pull"] == data["definitions"]["pull"]["local_checkout"]
     image_dir = data["definitions"]["pull"]["in_image"][0]["prefect.deployments.steps.set_working_directory"][
         "directory"
     ]
