@@ -158,7 +158,8 @@ def binomial_tail(k: int, n: int) -> float:
     """P(X >= k) for X ~ Binomial(n, 1/2), exactly (the one-sided sign / exact McNemar test)."""
     if k <= 0:
         return 1.0
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+    favourable: int = sum(math.comb(n, i) for i in range(k, n + 1))
+    return favourable / (1 << n)  # int / int: exact-rounded, no overflow for large n
 
 
 @dataclass(frozen=True)
