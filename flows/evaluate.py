@@ -18,8 +18,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.params import PresetChoice
+from flows.params import EnvChoice, PresetChoice
 from ragen_tasks.pipeline import gate
+from ragen_tasks.training.checkpoint import CheckpointError
 
 
 class RegressionError(RuntimeError):
@@ -35,7 +36,7 @@ def transient(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a failed attempt unless its input was bad (a retry would fail the same way)."""
     try:
         state.result()
-    except (ValueError, FileNotFoundError):
+    except (ValueError, FileNotFoundError, CheckpointError):
         return False
     except Exception:
         return True
@@ -57,7 +58,7 @@ def write_record(output: str, record: dict[str, Any]) -> str:
 @flow(name="ragen-evaluate", persist_result=True)
 def evaluate(
     checkpoint: Annotated[str, Field(min_length=1)],
-    envs: list[str] | None = None,
+    envs: list[EnvChoice] | None = None,
     seeds: Annotated[int, Field(ge=1)] = 32,
     seed_offset: Annotated[int, Field(ge=0)] = 1_000_000,
     preset: PresetChoice | None = None,

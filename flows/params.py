@@ -12,9 +12,13 @@ from typing import Annotated
 
 from pydantic import Field
 
+from ragen_tasks.envs import ENV_NAMES
 from ragen_tasks.presets import available_presets
 
 #: A shipped preset, offered as a choice in the UI (the schema's ``enum``; the server refuses any
 #: other name when a run is created). Called in-process (``ragen train``), the flow also takes the
 #: path of a preset YAML file: pydantic checks only that it is a string, ``load_config`` the rest.
 PresetChoice = Annotated[str, Field(min_length=1, json_schema_extra={"enum": available_presets()})]
+
+#: A game name, offered as a choice in the UI (the server refuses any other when a run is created).
+EnvChoice = Annotated[str, Field(json_schema_extra={"enum": list(ENV_NAMES)})]

@@ -5,8 +5,9 @@ creates, then: `prefect deploy --all` registers every deployment on a machine wi
 installs nothing; a deployment with a 5-second interval schedule gets runs created by the server's
 scheduler and completed by the worker; a run created the way the UI's form does (`prefect deployment
 run -p ...`) of evaluate-local completes and writes its record, the regression-eval-local
-deployment passes a good checkpoint against it and fails a damaged one, and a preset outside the
-form's choices is refused when the run is created.
+deployment passes a good checkpoint against it and fails a damaged one; a preset outside the form's
+choices, a bound or a pattern broken are refused when the run is created, and an unknown parameter
+fails the run before any work, naming it.
 """
 
 from __future__ import annotations
@@ -225,7 +226,17 @@ def test_form_style_runs_of_evaluate_and_the_regression_deployment(
     assert "REGRESSED" in json.dumps(failed["state"]), failed["state"]
 
 
-def test_a_preset_outside_the_choices_is_refused_when_the_run_is_created(server: Server, deployed: Any) -> None:
-    refused = server.cli("deployment", "run", "ragen-train/train-local", "-p", "preset=no-such-preset", check=False)
-    assert refused.returncode != 0
-    assert "no-such-preset" in refused.stdout + refused.stderr
+def test_bad_form_values_are_refused_when_the_run_is_created(server: Server, deployed: Any) -> None:
+    for bad in ("preset=no-such-preset", "iterations=0", "run_id=../escape"):
+        refused = server.cli("deployment", "run", "ragen-train/train-local", "-p", bad, check=False)
+        assert refused.returncode != 0, bad
+        assert bad.split("=")[1] in refused.stdout + refused.stderr, (bad, refused.stdout, refused.stderr)
+
+
+def test_an_unknown_parameter_fails_the_run_at_once_naming_it(server: Server, worker: None) -> None:
+    """Prefect's parameter schema cannot forbid extra keys, so the run is created; it must then fail
+    (not crash) before any work, with a message naming the parameter."""
+    server.cli("deployment", "run", "ragen-train/train-local", "-p", "iteratons=3")
+    train_local = _deployments(server)["ragen-train/train-local"]["id"]
+    (failed,) = _wait_for_runs(server, train_local, count=1, states={"FAILED", "CRASHED"}, timeout=300)
+    assert failed["state_type"] == "FAILED" and "iteratons" in failed["state"]["message"], failed["state"]
