@@ -10,17 +10,24 @@ rollout workers) is chosen once per run (``execution_mode``); every mode runs th
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Annotated, Any, Protocol
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import deployment, flow_run
+from pydantic import Field
 
 from flows import stages
+from flows.params import PresetChoice
 from flows.progress import Clock, RunDisplay, publish_summary
 from ragen_tasks import guard, pipeline
 from ragen_tasks.config import ConfigError, TrainConfig
+from ragen_tasks.data.keys import PART_PATTERN
 from ragen_tasks.pipeline.lease import RunLease, RunLeaseError
 from ragen_tasks.presets import DEFAULT_PRESET, load_config
 from ragen_tasks.runs import finish_run as finish
@@ -42,8 +49,14 @@ FINAL_ERRORS = (ConfigError, NonFiniteUpdateError, BatchValidationError, Checkpo
 
 
 @task(name="init-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
-def init_run(config: TrainConfig, run_id: str, resume_set: dict[str, Any] | None = None) -> dict[str, Any]:
-    return pipeline.init_run(pipeline.open_run(config, run_id), resume_set=resume_set)
+def init_run(
+    config: TrainConfig,
+    run_id: str,
+    resume_set: dict[str, Any] | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """``progress``: called after each warm start step with (step, loss), in this process."""
+    return pipeline.init_run(pipeline.open_run(config, run_id), resume_set=resume_set, progress=progress)
 
 
 @task(
@@ -124,26 +137,62 @@ def execution_mode(mode: str, handoff: pipeline.TrainerHandoff) -> Mode:
     return Mode(generate_tasks, rollout, in_process_update)
 
 
+#: The config keys the form has fields of their own for; ``overrides`` sets any other.
+FORM_FIELDS = {"iterations": "iterations", "seed": "seed", "eval_seeds": "eval.seeds", "store_root": "store.root"}
+
+
 @flow(name="ragen-train", log_prints=False)
 def train(
-    preset: str = DEFAULT_PRESET,
-    overrides: dict[str, Any] | None = None,
-    run_id: str | None = None,
-    store_root: str | None = None,
-    show_progress: bool = False,
-    resume_set: dict[str, Any] | None = None,
+    preset: PresetChoice = DEFAULT_PRESET,
+    iterations: Annotated[int | None, Field(ge=1)] = None,
+    seed: Annotated[int | None, Field(ge=0)] = None,
+    eval_seeds: Annotated[int | None, Field(ge=1)] = None,
+    run_id: Annotated[str | None, Field(pattern=f"^{PART_PATTERN}$")] = None,
+    store_root: Annotated[str | None, Field(min_length=1)] = None,
+    overrides: Annotated[
+        dict[str, Any] | None, Field(examples=[{"optim.lr": 1e-4, "rollout.groups": 8, "eval.every": 5}])
+    ] = None,
+    resume_set: Annotated[dict[str, Any] | None, Field(examples=[{"optim.lr": 1e-4}])] = None,
 ) -> dict[str, Any]:
-    """Train a policy with StarPO. ``preset``: a preset name or YAML file; ``overrides``: dotted
-    config keys -> values (``{"optim.lr": 1e-4}``); ``run_id``: resume or name the run;
-    ``store_root``: a folder or ``s3://bucket/prefix`` (default: the preset's ``store.root``);
-    ``show_progress``: draw a terminal progress bar (the CLI sets it); ``resume_set``: optimizer
-    settings to change on an existing run (``pipeline.RESUMABLE_KEYS``), recorded in the run."""
-    extra = dict(overrides or {})
-    if store_root:
-        extra["store.root"] = store_root
-    config = load_config(preset, extra)
+    """Train a policy with StarPO / StarPO-S: warm start, then the RL iterations, then the summary.
+
+    Args:
+        preset: a shipped preset (ragen train --list); bandit-tiny is the fastest, default trains on
+            Bandit + FrozenLake
+        iterations: RL iterations; empty: the preset's
+        seed: root seed of the run (tasks, sampling, init); empty: the preset's
+        eval_seeds: held-out seeds per env at each evaluation; empty: the preset's
+        run_id: name of the run, letters, digits, '.', '_', '-'; an existing run id resumes it. Empty: a
+            new name from the preset and this flow run, kept by the flow run's retries (they resume)
+        store_root: where runs live, a folder on the worker or s3://bucket/prefix; empty: the preset's (runs/)
+        overrides: any other config value, as dotted key -> value, e.g. {"optim.lr": 0.0001,
+            "rollout.groups": 8}; keys as in the preset YAML files
+        resume_set: optimizer settings to change on an existing run (e.g. a lower optim.lr after a
+            diverged update), recorded in the run; only the keys of pipeline.RESUMABLE_KEYS
+    """
+    fields = {"iterations": iterations, "seed": seed, "eval_seeds": eval_seeds, "store_root": store_root}
+    extra = {FORM_FIELDS[name]: value for name, value in fields.items() if value is not None}
+    clash = sorted(set(extra) & set(overrides or {}))
+    if clash:
+        raise ConfigError(f"overrides sets {clash[0]!r}, which has a field of its own: set it in that field only")
+    config = load_config(preset, {**(overrides or {}), **extra})  # before any heavy work: a bad value fails here
+    run_id = run_id or stable_run_id(config)
     pipeline.check_can_start(config, run_id, resume_set)  # a deployment's run fails here with the CLI's one line
-    return run_training(config, run_id=run_id, show_progress=show_progress, resume_set=resume_set)
+    return run_training(config, run_id=run_id, show_progress=in_terminal(), resume_set=resume_set)
+
+
+def in_terminal() -> bool:
+    """A progress bar only for a run started from a terminal (``ragen train``), never in a deployment."""
+    return deployment.id is None and sys.stderr.isatty()
+
+
+def stable_run_id(config: TrainConfig) -> str | None:
+    """For a deployment run started without a run id: one derived from the flow run, so a retry of
+    the flow run (the UI's Retry) resumes the same training run instead of starting a new one.
+    None outside a deployment (``ragen train`` names the run by the preset and the time)."""
+    if deployment.id is None:
+        return config.run_id
+    return config.run_id or f"{Path(config.preset).stem}-{flow_run.name}-{str(flow_run.id)[:8]}"
 
 
 def run_training(
@@ -166,12 +215,13 @@ def _iterations(
     config: TrainConfig, run: pipeline.Run, lease: RunLease, resume_set: dict[str, Any] | None, show_progress: bool
 ) -> dict[str, Any]:
     """The iteration loop (inside a flow run), in the order of the paper's algorithm box."""
-    init = init_run(config, run.run_id, resume_set)
-    config = pipeline.apply_changes(config, pipeline.recorded_changes(run.store, run.run_id))  # --resume-set
-    start, mode = int(init["start_iteration"]), execution_mode(config.rollout.mode, pipeline.TrainerHandoff())
-    rows = pipeline.history(run)  # committed rows: a resumed run continues the guard's state from them
     stopped: dict[str, Any] | None = None
-    with RunDisplay(run, config.iterations, start, show_bar=show_progress) as display:
+    with RunDisplay(run, config.iterations, show_bar=show_progress) as display:  # visible from the first second
+        init = init_run(config, run.run_id, resume_set, display.warm_start_step)
+        config = pipeline.apply_changes(config, pipeline.recorded_changes(run.store, run.run_id))  # --resume-set
+        start, mode = int(init["start_iteration"]), execution_mode(config.rollout.mode, pipeline.TrainerHandoff())
+        rows = pipeline.history(run)  # committed rows: a resumed run continues the guard's state from them
+        display.started(start, rows)
         for it in range(start, config.iterations):
             lease.check()  # another process took the run over: stop before writing anything more
             clock = Clock()  # wall time of each task call, Prefect's own overhead included

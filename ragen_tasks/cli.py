@@ -89,6 +89,7 @@ def train(
         changes = {".".join(path): value for path, value in map(parse_override, resume_set or [])}
         if store:
             overrides["store.root"] = store
+        load_config(preset, set_ or [])  # a bad --set fails in --set's words
         # Fail fast, in one line, before Prefect starts: config values, env names, run id, store, lease.
         from ragen_tasks.pipeline.run import check_can_start
 
@@ -97,17 +98,19 @@ def train(
         raise _fail(str(exc)) from None
     from flows.train import train as train_flow
 
-    try:
-        summary = train_flow(
-            preset=preset,
-            overrides=overrides,
-            run_id=run_id,
-            show_progress=sys.stderr.isatty(),
-            resume_set=changes or None,
-        )
+    try:  # the flow draws the progress bar on a terminal
+        summary = train_flow(preset=preset, overrides=overrides, run_id=run_id, resume_set=changes or None)
     except errors as exc:
         raise _fail(str(exc)) from None
     typer.echo(_summary_text(summary))
+
+
+def _quiet_model_loading() -> None:
+    """No per-file progress bars from transformers while a command loads checkpoints: the command's
+    own output (a table, JSON) is what the user reads."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped in transformers
 
 
 def _rate(value: float | None) -> str:
@@ -143,7 +146,12 @@ def _summary_text(summary: dict[str, Any]) -> str:
 
 @app.command()
 def evaluate(
-    checkpoint: Annotated[Path, typer.Argument(help="checkpoint folder, e.g. runs/<run>/checkpoints/step_000020")],
+    checkpoint: Annotated[
+        str,
+        typer.Argument(
+            help="checkpoint folder or s3:// URI, e.g. runs/<run>/checkpoints/step_000020 or s3://bucket/runs/<run>/checkpoints/step_000020"
+        ),
+    ],
     env: Annotated[
         list[str] | None, typer.Option("--env", help="env to evaluate (repeatable; default: the run's mixture)")
     ] = None,
@@ -152,33 +160,33 @@ def evaluate(
     preset: Annotated[
         str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print per-env metrics as one JSON object on stdout")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="print the evaluation record (per-env metrics and per-seed outcomes) as JSON on stdout: "
+            "the baseline format of `ragen regress`",
+        ),
+    ] = False,
 ) -> None:
     """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
-    sampling, per the config's eval.temperature)."""
-    from ragen_tasks import pipeline
+    sampling, per the config's eval.temperature). Exit 2 on bad input."""
     from ragen_tasks.envs import ENV_NAMES
-    from ragen_tasks.evaluation import MAX_EVAL_SEEDS, eval_record
+    from ragen_tasks.evaluation import MAX_EVAL_SEEDS
+    from ragen_tasks.pipeline import gate
 
-    if not checkpoint.is_dir():
-        raise _fail(f"checkpoint {str(checkpoint)!r} is not a folder")
     bad = [e for e in env or [] if e not in ENV_NAMES]
     if bad:
         raise _fail(f"--env {bad[0]!r} is not an env; valid: {', '.join(ENV_NAMES)}")
     if seeds > MAX_EVAL_SEEDS:
         raise _fail(f"--seeds {seeds} is more than {MAX_EVAL_SEEDS} per env; evaluate in blocks with --seed-offset")
-    from flows.evaluate import config_for_checkpoint
-
+    _quiet_model_loading()
     try:
-        config = config_for_checkpoint(str(checkpoint), preset)
-        per_env, _ = pipeline.evaluate_checkpoint(
-            config, checkpoint, seeds=seeds, seed_offset=seed_offset, env_names=env
-        )
+        record = gate.evaluate(checkpoint, preset=preset, envs=env, seeds=seeds, seed_offset=seed_offset)
     except _user_errors() as exc:
         raise _fail(str(exc)) from None
-    record = eval_record(per_env, checkpoint=str(checkpoint), seeds=seeds, seed_offset=seed_offset)
     if as_json:
-        typer.echo(json.dumps(record["envs"], sort_keys=True))
+        typer.echo(json.dumps(record, sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table
@@ -186,7 +194,7 @@ def evaluate(
     table = Table(title=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset})")
     for column in ("env", "success", "reward", "format errors", "turns", "think chars"):
         table.add_column(column)
-    for name, m in per_env.items():
+    for name, m in record["envs"].items():
         table.add_row(
             name,
             f"{m['success']:.3f}",
@@ -196,6 +204,51 @@ def evaluate(
             f"{m['think_length']:.1f}",
         )
     Console().print(table)
+
+
+@app.command()
+def regress(
+    candidate: Annotated[str, typer.Argument(help="candidate checkpoint: a folder or s3:// URI")],
+    baseline: Annotated[
+        str,
+        typer.Option(
+            help="evaluation record (`ragen evaluate --json` output: a .json file or s3://bucket/key.json) "
+            "or a baseline checkpoint (folder or s3:// URI)"
+        ),
+    ],
+    alpha: Annotated[float, typer.Option(min=0, max=1, help="significance level of the paired test")] = 0.01,
+    min_drop: Annotated[
+        float, typer.Option(min=0, max=1, help="smallest drop in success rate that counts as a regression")
+    ] = 0.05,
+    seeds: Annotated[
+        int | None, typer.Option(min=1, help="seeds per env when the baseline is a checkpoint (a record fixes them)")
+    ] = None,
+    seed_offset: Annotated[int | None, typer.Option(min=0, help="first seed when the baseline is a checkpoint")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="config for checkpoints outside a run folder (default: each one's run)")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option(help="also write the candidate's evaluation record here (path or s3:// URI)")
+    ] = None,
+) -> None:
+    """Regression gate: play CANDIDATE on the baseline's seeds and compare seed by seed (exact
+    McNemar test). Prints the table; exit 0 on pass, 1 on a regression, 2 on bad input."""
+    from ragen_tasks.config import ConfigError
+    from ragen_tasks.pipeline import gate
+    from ragen_tasks.training.checkpoint import CheckpointError
+
+    _quiet_model_loading()
+    try:
+        outcome = gate.gate(
+            candidate, baseline, alpha=alpha, min_drop=min_drop, seeds=seeds, seed_offset=seed_offset, preset=preset
+        )
+        if output:
+            gate.write_json(output, outcome.candidate)
+    except (ConfigError, FileNotFoundError, ValueError, CheckpointError) as exc:  # bad input, never a verdict
+        raise _fail(str(exc)) from None
+    typer.echo(outcome.result.summary())
+    if not outcome.result.passed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -2,9 +2,10 @@
 
 Evaluation rolls out each env on held-out seeds ``seed_offset .. seed_offset + seeds - 1`` (one
 rollout per seed, greedy by default, so it is deterministic given the seeds) and aggregates
-per-env metrics. ``reference_points`` puts a result in context on the same seeds: the game's
-ceiling at the agent's budget and random play. The regression gate compares metrics with a
-baseline JSON file of the same shape and fails only on a statistically real drop in success rate.
+per-env metrics and per-seed outcomes (``eval_record``: the one record format, also a baseline).
+``reference_points`` puts a result in context on the same seeds: the game's ceiling at the agent's
+budget and random play. The regression gate pairs a candidate with a baseline record on their shared
+seeds and fails only on a statistically real drop in success rate (exact McNemar test).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist, fmean
+from statistics import fmean
 from typing import Any
 
 import numpy as np
@@ -115,13 +116,64 @@ def one_sided_z(p_low: float, n_low: float, p_high: float, n_high: float) -> flo
     return (math.inf if gain > 0 else 0.0) if se == 0.0 else gain / se
 
 
+#: ``format`` of an evaluation record (what ``ragen evaluate --json`` prints and a baseline holds).
+RECORD_FORMAT = "ragen-eval/2"
+
+
+def per_seed_outcomes(trajectories: Sequence[Trajectory]) -> dict[str, list[dict[str, Any]]]:
+    """Each evaluation episode's outcome, by env: ``{env: [{"seed", "success", "reward"}, ...]}`` in
+    seed order. The regression gate pairs a candidate with its baseline on these seeds."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for t in sorted(trajectories, key=lambda t: (t.env_name, t.seed)):
+        by_env.setdefault(t.env_name, []).append(
+            {"seed": int(t.seed), "success": bool(t.success), "reward": float(t.reward)}
+        )
+    return by_env
+
+
+def eval_record(
+    per_env: Mapping[str, Mapping[str, float]], trajectories: Sequence[Trajectory], **meta: Any
+) -> dict[str, Any]:
+    """The one evaluation record: what ``ragen evaluate --json`` prints, the evaluate flow returns and
+    writes, and the regression gate reads as a baseline. ``envs``: per-env metrics (``aggregate``);
+    ``per_seed``: per-env episode outcomes (``per_seed_outcomes``); ``meta``: checkpoint, seeds, ..."""
+    return {
+        "format": RECORD_FORMAT,
+        **meta,
+        "envs": {k: dict(v) for k, v in per_env.items()},
+        "per_seed": per_seed_outcomes(trajectories),
+    }
+
+
+def check_record(record: Any, what: str) -> dict[str, Any]:
+    """``record`` if it is an evaluation record with per-seed outcomes, else ValueError saying how to
+    make one (``what`` names where it came from)."""
+    fix = "write it with `ragen evaluate CHECKPOINT --json > baseline.json` (or the evaluate flow's `output`)"
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{what} is not an evaluation record (format {found!r}, expected {RECORD_FORMAT!r}): {fix}")
+    if not isinstance(record.get("per_seed"), dict) or not record["per_seed"]:
+        raise ValueError(f"{what} has no per-seed outcomes (per_seed): {fix}")
+    return record
+
+
+def binomial_tail(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2), exactly (the one-sided sign / exact McNemar test)."""
+    if k <= 0:
+        return 1.0
+    favourable: int = sum(math.comb(n, i) for i in range(k, n + 1))
+    return favourable / (1 << n)  # int / int: exact-rounded, no overflow for large n
+
+
 @dataclass(frozen=True)
 class EnvVerdict:
     env_name: str
-    baseline_success: float
-    current_success: float
-    z: float  # one-sided two-proportion z statistic for "current is below baseline"
-    p_value: float
+    seeds: int  # seeds evaluated in both the baseline and the candidate (the pairs)
+    baseline_success: float  # on those seeds
+    current_success: float  # on those seeds
+    losses: int  # seeds the baseline solved and the candidate did not
+    gains: int  # seeds the candidate solved and the baseline did not
+    p_value: float  # exact one-sided McNemar: P(losses >= observed | no change), losses + gains trials
     regressed: bool
 
 
@@ -129,52 +181,62 @@ class EnvVerdict:
 class GateResult:
     passed: bool
     verdicts: list[EnvVerdict]
+    alpha: float
+    min_drop: float
 
     def summary(self) -> str:
-        lines = [f"regression gate: {'PASS' if self.passed else 'FAIL'}"]
+        lines = [
+            f"regression gate: {'PASS' if self.passed else 'FAIL'}  (paired on shared seeds; fails on a drop "
+            f"> {self.min_drop:g} with exact McNemar p < {self.alpha:g})",
+            f"  {'env':<14} {'seeds':>5}  {'baseline':>8} -> {'candidate':<9} {'lost':>4} {'won':>4}  {'p':>8}",
+        ]
         for v in self.verdicts:
             lines.append(
-                f"  {v.env_name}: success {v.baseline_success:.3f} -> {v.current_success:.3f} "
-                f"(z={v.z:.2f}, p={v.p_value:.4f}){'  REGRESSED' if v.regressed else ''}"
+                f"  {v.env_name:<14} {v.seeds:>5}  {v.baseline_success:>8.3f} -> {v.current_success:<9.3f} "
+                f"{v.losses:>4} {v.gains:>4}  {v.p_value:>8.4f}{'  REGRESSED' if v.regressed else ''}"
             )
         return "\n".join(lines)
 
 
 def regression_gate(
-    current: Mapping[str, Mapping[str, float]],
-    baseline: Mapping[str, Mapping[str, float]],
+    current: Mapping[str, Sequence[Mapping[str, Any]]],
+    baseline: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     alpha: float = 0.01,
     min_drop: float = 0.05,
 ) -> GateResult:
-    """Fail an env only if its success rate dropped by more than ``min_drop`` AND the drop is
-    significant under a one-sided two-proportion z-test at level ``alpha`` (pooled variance).
+    """Paired regression test per env on the seeds both evaluations played (``per_seed`` outcomes).
 
-    Both inputs map env name -> metrics with at least ``success`` (a rate) and ``episodes`` (n).
-    The practical tolerance ``min_drop`` keeps huge evaluations from failing on tiny real drops;
-    the test keeps small evaluations from failing on sampling noise. An env in the baseline but
-    missing from ``current`` is an error (the evaluation did not cover it), not a pass.
+    On the shared seeds, ``losses`` = baseline solved and candidate did not, ``gains`` = the reverse.
+    Under "no change" each discordant seed is a loss with probability 1/2, so the exact one-sided
+    McNemar test gives p = P(Binomial(losses + gains, 1/2) >= losses). An env regresses only if its
+    success rate on the shared seeds dropped by more than ``min_drop`` AND p < ``alpha``: the
+    tolerance keeps huge evaluations from failing on tiny real drops, the test keeps small ones from
+    failing on noise. Pairing removes the seeds' own difficulty from the comparison, so it detects a
+    real drop with fewer seeds than two independent proportions. An env of the baseline missing from
+    ``current``, or sharing no seed with it, is an error (the evaluation did not cover it), not a pass.
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha}: must be in (0, 1)")
+    if not 0 <= min_drop < 1:
+        raise ValueError(f"min_drop={min_drop}: must be in [0, 1)")
     missing = sorted(set(baseline) - set(current))
     if missing:
         raise ValueError(f"evaluation is missing envs present in the baseline: {missing}")
     verdicts = []
     for env_name in sorted(baseline):
-        p_b, n_b = float(baseline[env_name]["success"]), float(baseline[env_name]["episodes"])
-        p_c, n_c = float(current[env_name]["success"]), float(current[env_name]["episodes"])
-        if n_b < 1 or n_c < 1:
-            raise ValueError(f"{env_name}: episodes must be >= 1 (baseline {n_b}, current {n_c})")
-        drop = p_b - p_c
-        # se == 0 (both rates 0 or both 1): no sampling noise to allow for, so any drop is infinite z
-        z = one_sided_z(p_c, n_c, p_b, n_b)
-        p_value = 1.0 - NormalDist().cdf(z) if math.isfinite(z) else 0.0
-        regressed = drop > min_drop and p_value < alpha
-        verdicts.append(EnvVerdict(env_name, p_b, p_c, z, p_value, regressed))
-    return GateResult(passed=not any(v.regressed for v in verdicts), verdicts=verdicts)
-
-
-def eval_record(per_env: Mapping[str, Mapping[str, float]], **meta: Any) -> dict[str, Any]:
-    """The JSON written by evaluation and read as a baseline: {"envs": per_env, **meta}."""
-    return {"envs": {k: dict(v) for k, v in per_env.items()}, **meta}
+        base = {int(o["seed"]): bool(o["success"]) for o in baseline[env_name]}
+        cur = {int(o["seed"]): bool(o["success"]) for o in current[env_name]}
+        shared = sorted(set(base) & set(cur))
+        if not shared:
+            raise ValueError(
+                f"{env_name}: the candidate shares no seed with the baseline; evaluate it on the baseline's seeds"
+            )
+        losses = sum(base[s] and not cur[s] for s in shared)
+        gains = sum(cur[s] and not base[s] for s in shared)
+        p_base = sum(base[s] for s in shared) / len(shared)
+        p_cur = sum(cur[s] for s in shared) / len(shared)
+        p_value = binomial_tail(losses, losses + gains)
+        regressed = p_base - p_cur > min_drop and p_value < alpha
+        verdicts.append(EnvVerdict(env_name, len(shared), p_base, p_cur, losses, gains, p_value, regressed))
+    return GateResult(passed=not any(v.regressed for v in verdicts), verdicts=verdicts, alpha=alpha, min_drop=min_drop)

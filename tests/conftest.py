@@ -107,3 +107,31 @@ TINY_RUN = {
     "optim.minibatch_size": 16,
     "optim.micro_batch_size": 16,
 }
+
+
+# --- two checkpoints for the regression gate: a warm-started one and an untrained one -----------
+# The warm start teaches the answer format, so about half of the Bandit seeds succeed (the demos pick
+# an arm at random); without it the model never answers in format and succeeds on none. Seconds each.
+GATE_SEEDS = 24
+
+
+def make_gate_checkpoint(root: str, run_id: str, *, trained: bool) -> str:
+    """Committed checkpoint 0 of a bandit-tiny run under store ``root`` (a folder or s3://...); its URI."""
+    from ragen_tasks import pipeline
+    from ragen_tasks.presets import load_config
+
+    warm = {"warm_start.steps": 60, "warm_start.episodes_per_env": 64} if trained else {"warm_start.enabled": False}
+    config = load_config("bandit-tiny", {**TINY_RUN, **warm, "store.root": root})
+    run = pipeline.open_run(config, run_id)
+    pipeline.init_run(run)
+    local = run.checkpoint_path(0)
+    return str(local) if run.is_local else f"{run.uri}/checkpoints/{local.name}"
+
+
+@pytest.fixture(scope="session")
+def gate_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("gate") / "runs")
+    return {
+        "good": make_gate_checkpoint(root, "gate-good", trained=True),
+        "damaged": make_gate_checkpoint(root, "gate-damaged", trained=False),
+    }

@@ -10,7 +10,7 @@ from ragen_tasks.cli import app
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "report", "play", "bench"])
+@pytest.mark.parametrize("command", ["train", "evaluate", "regress", "report", "play", "bench"])
 def test_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.output
@@ -20,7 +20,7 @@ def test_help(command: str) -> None:
 def test_top_level_help_lists_commands() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("train", "evaluate", "report", "play", "bench"):
+    for command in ("train", "evaluate", "regress", "report", "play", "bench"):
         assert command in result.output
 
 

@@ -6,56 +6,97 @@ import random
 
 import pytest
 
-from ragen_tasks.evaluation import regression_gate
+from ragen_tasks.evaluation import binomial_tail, check_record, regression_gate
 
 
-def _rates(successes: int, episodes: int) -> dict[str, float]:
-    return {"success": successes / episodes, "episodes": float(episodes)}
+def _outcomes(successes: list[bool], offset: int = 0) -> list[dict[str, object]]:
+    return [{"seed": offset + i, "success": ok, "reward": float(ok)} for i, ok in enumerate(successes)]
+
+
+def _flip(successes: list[bool], losses: int, gains: int) -> list[bool]:
+    """``successes`` with the first ``losses`` successes and the first ``gains`` failures flipped."""
+    out, lost, won = list(successes), 0, 0
+    for i, ok in enumerate(successes):
+        if ok and lost < losses:
+            out[i], lost = False, lost + 1
+        elif not ok and won < gains:
+            out[i], won = True, won + 1
+    return out
+
+
+BASE = [i % 3 != 0 for i in range(64)]  # 42 of 64 seeds solved
 
 
 def test_identical_results_pass() -> None:
-    base = {"bandit": _rates(60, 64), "frozen_lake": _rates(20, 64)}
-    assert regression_gate(base, base).passed
+    base = {"bandit": _outcomes(BASE), "frozen_lake": _outcomes([i % 5 == 0 for i in range(64)])}
+    result = regression_gate(base, base)
+    assert result.passed and all(v.losses == v.gains == 0 and v.p_value == 1.0 for v in result.verdicts)
 
 
 def test_a_real_drop_fails_and_names_the_env() -> None:
-    base = {"bandit": _rates(60, 64), "frozen_lake": _rates(20, 64)}
-    cur = {"bandit": _rates(30, 64), "frozen_lake": _rates(20, 64)}
+    base = {"bandit": _outcomes(BASE), "frozen_lake": _outcomes(BASE)}
+    cur = {"bandit": _outcomes(_flip(BASE, losses=12, gains=1)), "frozen_lake": _outcomes(BASE)}
     result = regression_gate(cur, base)
     assert not result.passed
     assert [v.env_name for v in result.verdicts if v.regressed] == ["bandit"]
-    assert "REGRESSED" in result.summary()
+    assert "REGRESSED" in result.summary() and "bandit" in result.summary()
+
+
+def test_pairing_sees_a_drop_that_two_independent_proportions_miss() -> None:
+    # 8 seeds lost, none won, out of 64: 42/64 -> 34/64. Two independent proportions: z = 1.43,
+    # p = 0.08, not significant at 0.01. Paired: all 8 discordant seeds go one way, p = 2**-8.
+    result = regression_gate({"e": _outcomes(_flip(BASE, 8, 0))}, {"e": _outcomes(BASE)})
+    (verdict,) = result.verdicts
+    assert (verdict.losses, verdict.gains) == (8, 0)
+    assert verdict.p_value == pytest.approx(2**-8) and verdict.regressed
 
 
 def test_improvement_passes() -> None:
-    assert regression_gate({"b": _rates(64, 64)}, {"b": _rates(40, 64)}).passed
+    assert regression_gate({"b": _outcomes([True] * 64)}, {"b": _outcomes(BASE)}).passed
 
 
 def test_sampling_noise_passes_at_the_stated_level() -> None:
-    # Two evaluations of the SAME policy (true success 0.5) on different seeds: the gate must not
-    # fire more often than alpha (0.01) plus slack; checked over many simulated pairs.
+    # Two evaluations of the SAME policy (true success 0.5 per seed, independent draws) on the same
+    # seeds: the gate must not fire more often than alpha (0.01) plus slack, over many simulated pairs.
     rng = random.Random(0)
     fired = 0
     trials = 400
     for _ in range(trials):
-        a = sum(rng.random() < 0.5 for _ in range(64))
-        b = sum(rng.random() < 0.5 for _ in range(64))
-        fired += not regression_gate({"e": _rates(b, 64)}, {"e": _rates(a, 64)}).passed
-    assert fired / trials < 0.03
+        a = [rng.random() < 0.5 for _ in range(64)]
+        b = [rng.random() < 0.5 for _ in range(64)]
+        fired += not regression_gate({"e": _outcomes(b)}, {"e": _outcomes(a)}).passed
+    assert fired / trials < 0.02
 
 
 def test_small_drop_below_tolerance_passes_even_with_huge_n() -> None:
-    assert regression_gate({"e": _rates(4_800, 10_000)}, {"e": _rates(5_000, 10_000)}, min_drop=0.05).passed
+    base = [i % 2 == 0 for i in range(10_000)]
+    assert regression_gate({"e": _outcomes(_flip(base, 200, 0))}, {"e": _outcomes(base)}, min_drop=0.05).passed
 
 
-def test_degenerate_rates() -> None:
-    assert not regression_gate({"e": _rates(0, 64)}, {"e": _rates(64, 64)}).passed
-    assert regression_gate({"e": _rates(64, 64)}, {"e": _rates(64, 64)}).passed
+def test_only_shared_seeds_are_compared() -> None:
+    base = _outcomes([True] * 64)
+    cur = _outcomes([True] * 32 + [False] * 32, offset=32)  # seeds 32..95: its 32 shared seeds all pass
+    (verdict,) = regression_gate({"e": cur}, {"e": base}).verdicts
+    assert verdict.seeds == 32 and verdict.current_success == 1.0 and not verdict.regressed
+    with pytest.raises(ValueError, match="shares no seed"):
+        regression_gate({"e": _outcomes([True], offset=500)}, {"e": base})
 
 
 def test_missing_env_is_an_error_not_a_pass() -> None:
     with pytest.raises(ValueError, match="missing envs"):
-        regression_gate({"bandit": _rates(1, 2)}, {"bandit": _rates(1, 2), "sokoban": _rates(1, 2)})
+        regression_gate({"bandit": _outcomes(BASE)}, {"bandit": _outcomes(BASE), "sokoban": _outcomes(BASE)})
+
+
+def test_binomial_tail_against_hand_computed_cases() -> None:
+    assert binomial_tail(0, 0) == 1.0 and binomial_tail(0, 5) == 1.0
+    assert binomial_tail(3, 3) == pytest.approx(1 / 8)
+    assert binomial_tail(2, 3) == pytest.approx(4 / 8)  # P(2) + P(3) = (3 + 1) / 8
+    assert binomial_tail(9, 10) == pytest.approx(11 / 1024)
+
+
+def test_a_baseline_without_per_seed_outcomes_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="ragen evaluate CHECKPOINT --json"):
+        check_record({"bandit": {"success": 0.5, "episodes": 64}}, "baseline 'old.json'")
 
 
 def test_one_sided_z_against_a_hand_computed_case() -> None:

@@ -83,19 +83,19 @@ Overrides = Iterable[str] | Mapping[str, Any]
 
 def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
     """Apply ``["a.b=1", ...]`` (CLI form) or ``{"a.b": 1, ...}`` (flow-parameter form)."""
-    pairs: list[tuple[str, Any, str]] = []  # (dotted key, value, the override as the user wrote it)
-    if isinstance(overrides, Mapping):
-        pairs = [(str(key), value, f"{key}={value}") for key, value in overrides.items()]
+    pairs: list[tuple[str, Any, str]] = []  # (dotted key, value, how the user wrote the override)
+    if isinstance(overrides, Mapping):  # the flow's parameter: errors name it as the run form shows it
+        pairs = [(str(key), value, f"overrides[{str(key)!r}]") for key, value in overrides.items()]
     else:
         for text in overrides:
             path, value = parse_override(text)
-            pairs.append((".".join(path), value, text))
+            pairs.append((".".join(path), value, f"--set {text!r}"))
     result = dict(data)
     for key, value, text in pairs:
         try:
             result = set_dotted(result, key, value)
         except ConfigError as exc:
-            raise ConfigError(f"--set {text!r}: {exc}") from None
+            raise ConfigError(f"{text}: {exc}") from None
     return result
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from prefect.utilities.templating import apply_values, find_placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_YAML = ROOT / "prefect.yaml"
@@ -25,7 +24,6 @@ POOL_TEMPLATES = {
 }
 KNOWN_POOLS = {"local-process", *POOL_TEMPLATES}
 ENTRYPOINT = re.compile(r"^flows/[a-z_]+\.py:[a-z_]+$")
-GIT_SHA_STEP = "get-commit-hash"
 
 
 def load() -> dict[str, Any]:
@@ -46,19 +44,6 @@ def by_name(name: str) -> dict[str, Any]:
 def step_body(step: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     ((fn, body),) = step.items()
     return fn, body
-
-
-def fake_step_outputs(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the build steps would return (prefect_docker's BuildDockerImageResult keys)."""
-    outputs: dict[str, Any] = {}
-    for step in steps:
-        fn, body = step_body(step)
-        if fn.endswith("run_shell_script"):
-            outputs[body["id"]] = {"stdout": "abc1234", "stderr": ""}
-        elif fn.endswith("build_docker_image"):
-            name = body["image_name"].replace("{{ $RAGEN_IMAGE_REGISTRY }}", "registry.example")
-            outputs[body["id"]] = {"image_name": name, "tag": "abc1234", "image": f"{name}:abc1234"}
-    return outputs
 
 
 def test_parses_with_prefects_own_model() -> None:
@@ -104,40 +89,61 @@ def test_nightly_training_schedule_is_registered_inactive() -> None:
             assert not dep.get("schedules"), f"{dep['name']} should run on demand only"
 
 
-@pytest.mark.parametrize("dep", [d for d in deployments() if d["work_pool"]["name"] in POOL_TEMPLATES], ids=str)
-def test_cluster_deployment_builds_its_image_tagged_with_the_git_sha(dep: dict[str, Any]) -> None:
-    build, push = dep["build"], dep["push"]
-    fn, sha = step_body(build[0])
-    assert fn == "prefect.deployments.steps.run_shell_script"
-    assert (sha["id"], sha["script"]) == (GIT_SHA_STEP, "git rev-parse --short HEAD")
-    images = [body for fn, body in map(step_body, build) if fn.endswith("build_docker_image")]
-    assert len(images) == 1, "each cluster deployment builds exactly the image it runs"
-    (image,) = images
-    assert image["tag"] == "{{ get-commit-hash.stdout }}"
-    assert (ROOT / image["dockerfile"]).is_file(), image["dockerfile"]
-    assert [step_body(s)[0] for s in push] == ["prefect_docker.deployments.steps.push_docker_image"]
-    assert step_body(push[0])[1]["image_name"] == "{{ " + image["id"] + ".image_name }}"
+IMAGE_VARIABLE = re.compile(r"^\{\{ prefect\.variables\.ragen_image_(cpu|gpu|vllm) \}\}$")
 
-    outputs = fake_step_outputs(build)
-    job_variables = apply_values(dep["work_pool"]["job_variables"], outputs)
-    assert not find_placeholders(json.dumps(job_variables)), job_variables
-    assert job_variables["image"] == outputs[image["id"]]["image"]
+
+def test_deploying_builds_nothing_and_installs_nothing() -> None:
+    """`prefect deploy --all` must work on a machine without Docker: no build or push steps, and no
+    step `requires:` a package (Prefect would pip-install it into the user's environment)."""
+    data = load()
+    assert data.get("build") == [] and data.get("push") == [], (
+        "top-level build/push steps would run for every deployment"
+    )
+    for dep in deployments():
+        assert not dep.get("build") and not dep.get("push"), f"{dep['name']}: deploying must not build or push"
+    assert "requires:" not in PREFECT_YAML.read_text()
+
+
+@pytest.mark.parametrize(
+    "dep", [d for d in deployments() if d["work_pool"]["name"] in POOL_TEMPLATES], ids=lambda d: d["name"]
+)
+def test_cluster_deployment_runs_the_image_named_by_its_prefect_variable(dep: dict[str, Any]) -> None:
+    job_variables = dep["work_pool"]["job_variables"]
+    match = IMAGE_VARIABLE.match(job_variables["image"])
+    assert match, f"{dep['name']}: image {job_variables['image']!r} is not a ragen_image_* Prefect variable"
+    kind = match.group(1)
+    assert (ROOT / "docker" / f"Dockerfile.{kind}").is_file()
+    # `make images` builds and pushes that image and sets the variable.
+    makefile = (ROOT / "Makefile").read_text()
+    loop = re.search(r"for kind in ([a-z ]+);", makefile)
+    assert loop and kind in loop.group(1).split(), "make images does not build this image"
+    assert "prefect variable set ragen_image_$$kind" in makefile
     # Every job variable is one the pool's base job template declares.
     template = json.loads(POOL_TEMPLATES[dep["work_pool"]["name"]].read_text())
     assert set(job_variables) <= set(template["variables"]["properties"])
 
 
-def test_pull_steps_match_where_the_images_put_the_code() -> None:
+def test_every_deployment_names_its_own_pull_step() -> None:
+    """An ad-hoc deployment inherits the top-level pull step: the local checkout, never the image's /opt/ragen."""
     data = load()
-    (step,) = data["pull"]
-    fn, body = step_body(step)
-    assert fn == "prefect.deployments.steps.set_working_directory"
+    assert data["pull"] == data["definitions"]["pull"]["local_checkout"]
+    image_dir = data["definitions"]["pull"]["in_image"][0]["prefect.deployments.steps.set_working_directory"][
+        "directory"
+    ]
     for dockerfile in (ROOT / "docker").glob("Dockerfile.*"):
-        assert f"WORKDIR {body['directory']}" in dockerfile.read_text(), dockerfile.name
+        assert f"WORKDIR {image_dir}" in dockerfile.read_text(), dockerfile.name
     for dep in deployments():
-        if dep["work_pool"]["name"] == "local-process":
-            assert dep["build"] == [] and dep["push"] == [], dep["name"]
-            assert step_body(dep["pull"][0])[1]["directory"] == "{{ $RAGEN_HOME }}"
+        (step,) = dep["pull"]
+        fn, body = step_body(step)
+        assert fn == "prefect.deployments.steps.set_working_directory", dep["name"]
+        local = dep["work_pool"]["name"] == "local-process"
+        assert body["directory"] == ("{{ $RAGEN_HOME }}" if local else image_dir), dep["name"]
+
+
+def test_local_deployments_mirror_train_evaluate_and_the_gate() -> None:
+    local = {d["entrypoint"] for d in deployments() if d["work_pool"]["name"] == "local-process"}
+    assert local == {"flows/train.py:train", "flows/evaluate.py:evaluate", "flows/evaluate.py:regression_eval"}
+    assert by_name("train-local")["concurrency_limit"] == 1
 
 
 @pytest.mark.parametrize("dep", deployments(), ids=lambda d: d["name"])

@@ -67,7 +67,7 @@ def test_two_iterations_then_resume(tmp_path: Path) -> None:
     assert Path(summary["report"]).exists()
     assert "bandit_high_ev_choice_rate" in on_disk["warm_start"]
     keys = _artifact_keys()
-    assert {"flow-test-metrics", "flow-test-progress", "flow-test-summary"} <= keys
+    assert {"flow-test-metrics", "flow-test-progress", "flow-test-warm-start", "flow-test-summary"} <= keys
 
     # Resume to 3 iterations: only iteration 2 runs; earlier manifests are untouched.
     before = (run_dir / "iter_000000" / "rollouts" / "trajectories.manifest.json").stat().st_mtime_ns

@@ -1,0 +1,102 @@
+"""`ragen evaluate --json` as the baseline format and `ragen regress` to both outcomes, on real tiny
+checkpoints (local folders and s3:// URIs on a moto server at 127.0.0.1): exit 0 on pass, 1 on a
+regression, 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from ragen_tasks.cli import app
+from ragen_tasks.evaluation import RECORD_FORMAT
+from tests.conftest import GATE_SEEDS, make_gate_checkpoint
+
+runner = CliRunner()
+
+
+def _baseline(checkpoint: str, path: Path) -> dict:
+    result = runner.invoke(app, ["evaluate", checkpoint, "--json", "--seeds", str(GATE_SEEDS)])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    path.write_text(result.stdout)
+    return record
+
+
+def test_evaluate_json_is_a_record_with_per_seed_outcomes(gate_checkpoints: dict[str, str], tmp_path: Path) -> None:
+    record = _baseline(gate_checkpoints["good"], tmp_path / "baseline.json")
+    assert record["format"] == RECORD_FORMAT
+    assert (record["seeds"], record["seed_offset"]) == (GATE_SEEDS, 1_000_000)
+    outcomes = record["per_seed"]["bandit"]
+    assert [o["seed"] for o in outcomes] == list(range(1_000_000, 1_000_000 + GATE_SEEDS))
+    assert record["envs"]["bandit"]["success"] == pytest.approx(sum(o["success"] for o in outcomes) / GATE_SEEDS)
+    assert 0 < record["envs"]["bandit"]["success"] < 1  # the fixture's premise: a trained, imperfect policy
+
+
+def test_regress_passes_the_same_checkpoint_and_fails_a_damaged_one(
+    gate_checkpoints: dict[str, str], tmp_path: Path
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    _baseline(gate_checkpoints["good"], baseline)
+
+    passed = runner.invoke(app, ["regress", gate_checkpoints["good"], "--baseline", str(baseline)])
+    assert passed.exit_code == 0, passed.output
+    assert "regression gate: PASS" in passed.stdout
+    (row,) = [line.split() for line in passed.stdout.splitlines() if line.strip().startswith("bandit")]
+    assert row[1] == str(GATE_SEEDS) and row[2] == row[4]  # every seed paired; the same success on both sides
+
+    failed = runner.invoke(app, ["regress", gate_checkpoints["damaged"], "--baseline", str(baseline)])
+    assert failed.exit_code == 1, failed.output
+    assert "regression gate: FAIL" in failed.stdout and "REGRESSED" in failed.stdout
+
+
+def test_a_baseline_checkpoint_is_evaluated_on_the_same_seeds(gate_checkpoints: dict[str, str]) -> None:
+    result = runner.invoke(
+        app,
+        ["regress", gate_checkpoints["damaged"], "--baseline", gate_checkpoints["good"], "--seeds", str(GATE_SEEDS)],
+    )
+    assert result.exit_code == 1, result.output
+    assert "REGRESSED" in result.stdout
+
+
+def test_bad_input_is_exit_2_with_one_line(gate_checkpoints: dict[str, str], tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"bandit": {"success": 0.5, "episodes": 24}}))  # the old `--json` shape
+    cases = {
+        "not an evaluation record": ["--baseline", str(old)],
+        "does not exist": ["--baseline", str(tmp_path / "missing.json")],
+        "a baseline record fixes the seeds": ["--baseline", str(old), "--seeds", "8"],
+    }
+    for message, args in cases.items():
+        result = runner.invoke(app, ["regress", gate_checkpoints["good"], *args])
+        assert result.exit_code == 2, (message, result.output)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
+    missing = runner.invoke(app, ["regress", str(tmp_path / "nope"), "--baseline", gate_checkpoints["good"]])
+    assert missing.exit_code == 2 and "is not a folder" in missing.output
+
+
+@pytest.mark.slow
+def test_s3_checkpoints_and_baselines(s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGEN_SCRATCH", str(tmp_path / "scratch"))
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="gate")
+    good = make_gate_checkpoint("s3://gate/runs", "s3-good", trained=True)
+    assert good == "s3://gate/runs/s3-good/checkpoints/step_000000"
+
+    record = runner.invoke(app, ["evaluate", good, "--json", "--seeds", str(GATE_SEEDS)])
+    assert record.exit_code == 0, record.output
+    boto3.client("s3", endpoint_url=s3_server).put_object(Bucket="gate", Key="baselines/good.json", Body=record.stdout)
+
+    result = runner.invoke(
+        app,
+        ["regress", good, "--baseline", "s3://gate/baselines/good.json", "--output", "s3://gate/baselines/next.json"],
+    )
+    assert result.exit_code == 0, result.output
+    written = boto3.client("s3", endpoint_url=s3_server).get_object(Bucket="gate", Key="baselines/next.json")
+    assert json.loads(written["Body"].read())["per_seed"] == json.loads(record.stdout)["per_seed"]
+
+    missing = runner.invoke(app, ["regress", good, "--baseline", "s3://gate/baselines/none.json"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
