@@ -157,8 +157,8 @@ def train(
     """Train a policy with StarPO / StarPO-S: warm start, then the RL iterations, then the summary.
 
     Args:
-        preset: a shipped preset (ragen train --list); bandit-tiny is the fastest, default trains on
-            Bandit + FrozenLake
+        preset: a shipped preset (ragen train --list); bandit-tiny is the fastest, default is the
+            paper's FrozenLake (the frozenlake preset)
         iterations: RL iterations; empty: the preset's
         seed: root seed of the run (tasks, sampling, init); empty: the preset's
         eval_seeds: held-out seeds per env at each evaluation; empty: the preset's
