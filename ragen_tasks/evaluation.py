@@ -21,7 +21,6 @@ import numpy as np
 from ragen_tasks.config import AgentConfig, EnvSpec
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
-from ragen_tasks.envs.frozen_lake import turn_planner
 
 #: Held-out seeds per env one evaluation may ask for: the tasks and trajectories are held in memory.
 MAX_EVAL_SEEDS = 100_000
@@ -59,14 +58,7 @@ def _ceiling(env: Any, agent: AgentConfig) -> float | None:
         plan = env.solve()
         return float(plan is not None and len(plan) <= min(budget, agent.max_turns * agent.max_actions_per_turn))
     if env.name == "frozen_lake":
-        planner = turn_planner(
-            env.desc,
-            turns=agent.max_turns,
-            actions=budget,
-            max_actions_per_turn=min(agent.max_actions_per_turn, 5),
-            is_slippery=env.config.is_slippery,
-            success_rate=env.config.success_rate,
-        )
+        planner = env.planner(turns=agent.max_turns, actions=budget, max_actions_per_turn=agent.max_actions_per_turn)
         row, col = env.position
         return float(planner.value[agent.max_turns, budget, row * len(env.desc[0]) + col])
     return None

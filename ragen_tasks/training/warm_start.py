@@ -37,7 +37,7 @@ from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.envs.frozen_lake import TurnPlanner, position_hint, turn_planner
+from ragen_tasks.envs.frozen_lake import TurnPlanner, position_hint
 from ragen_tasks.envs.sokoban import Room
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
@@ -127,19 +127,9 @@ def demo_actions(
 
 def lake_planner(lake: Any, agent: AgentConfig) -> TurnPlanner:
     """The slip-aware planner of a FrozenLake env's current map under the agent's turn rules."""
-    return turn_planner(
-        lake.desc,
-        turns=agent.max_turns,
-        actions=min(agent.max_actions_per_episode, lake.config.max_actions_per_episode),
-        max_actions_per_turn=min(agent.max_actions_per_turn, _PLANNED_ACTIONS_PER_TURN),
-        is_slippery=lake.config.is_slippery,
-        success_rate=lake.config.success_rate,
+    return lake.planner(  # type: ignore[no-any-return]
+        turns=agent.max_turns, actions=agent.max_actions_per_episode, max_actions_per_turn=agent.max_actions_per_turn
     )
-
-
-#: The FrozenLake planner searches 4^k sequences per turn: beyond 5 actions a turn the search is
-#: slow and the ceiling no higher (4x4, 5 turns, 10 actions: 0.504 at 3, 0.508 at 5).
-_PLANNED_ACTIONS_PER_TURN = 5
 
 
 class DemonstratorEngine:
