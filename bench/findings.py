@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -42,30 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from echo_trap import first_firing, success_drop  # bench/echo_trap.py
 from science import train  # bench/science.py
 
-#: The paper's vanilla StarPO variants as overrides of a game preset (CPU learning rates stay the
-#: preset's: the comparison is the algorithm, not the step size).
-VANILLA = {
-    "grpo": [
-        "algo.advantage=grpo",
-        "algo.grpo_scale_by_std=true",
-        "algo.clip_high=0.2",
-        "algo.kl_mode=in_loss",
-        "algo.kl_coef=0.001",
-        "algo.kl_estimator=k3",
-        "algo.filter_keep_ratio=1.0",
+
+def vanilla(algo_preset: str, *extra: str) -> list[str]:
+    """The paper's algorithm settings (``presets/algos/NAME.yaml``, its ``algo`` section) as overrides
+    of a game preset, every row kept (no zero-advantage drop: that is StarPO-S's). The optimizer
+    stays the game preset's (CPU learning rates): the comparison is the algorithm, not the step size."""
+    from ragen_tasks.presets.algos import load_algo_preset
+
+    algo = load_algo_preset(algo_preset)["algo"]
+    return [
+        *(f"algo.{key}={json.dumps(value)}" for key, value in algo.items()),
         "algo.drop_zero_advantage=false",
-    ],
-    "ppo": [
-        "algo.advantage=gae",
-        "algo.clip_high=0.2",
-        "algo.kl_mode=in_reward",
-        "algo.kl_coef=0.001",
-        "algo.kl_estimator=k1",
-        "algo.filter_keep_ratio=1.0",
-        "algo.drop_zero_advantage=false",
-        "optim.critic_lr=1e-3",
-    ],
-}
+        *extra,
+    ]
 
 
 def measured(summary: dict[str, Any], store: Path, wall: float) -> dict[str, Any]:
@@ -101,7 +91,8 @@ def variants(finding: str, preset: str, args: argparse.Namespace) -> list[tuple[
     from ragen_tasks.presets import load_config
 
     if finding == "collapse":
-        return [("StarPO-S", []), ("vanilla GRPO", VANILLA["grpo"]), ("vanilla PPO", VANILLA["ppo"])]
+        vanilla_ppo = vanilla("starpo-ppo", "optim.critic_lr=1e-3")  # the critic learns at the CPU actor's scale
+        return [("StarPO-S", []), ("vanilla GRPO", vanilla("starpo-grpo")), ("vanilla PPO", vanilla_ppo)]
     if finding == "freshness":
         config = load_config(preset, [])
         k = args.staleness
@@ -151,8 +142,7 @@ def main() -> None:
         results: dict[str, list[dict[str, Any]]] = {}
         for label, overrides in variants(args.finding, preset, args):
             # The preset's own arm is the same command as bench/science.py's run: share it.
-            tag = "science" if not overrides else label.lower().replace(" ", "-").replace("/", "").replace("(", "")
-            tag = tag.replace(")", "")
+            tag = "science" if not overrides else re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
             for seed in args.seeds:
                 summary, wall, _cpu = train(preset, seed, args.store, [*overrides, *args.overrides], tag=tag)
                 results.setdefault(label, []).append(measured(summary, args.store, wall))

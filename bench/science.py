@@ -36,6 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: Beside a run this benchmark made: "<wall> wall_s <cpu> cpu_s" (older runs: the wall time only).
+TIMES = "bench-wall-s.txt"
+
+
+def kept_times(run_dir: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds this benchmark kept beside ``run_dir`` (nan where it kept none)."""
+    path = run_dir / TIMES
+    times = path.read_text().split() if path.exists() else []
+    return (float(times[0]) if times else math.nan), (float(times[2]) if len(times) > 2 else math.nan)
+
 
 def train(
     preset: str, seed: int, store: Path, overrides: list[str], *, tag: str = "science"
@@ -47,10 +57,9 @@ def train(
     and kept: with ``OMP_NUM_THREADS=1`` they are the run's wall time on an otherwise idle core,
     a measure that stays honest when other work shares the machine."""
     run_id = f"{tag}-{Path(preset).stem}-s{seed}"
-    summary_path, wall_path = store / run_id / "summary.json", store / run_id / "bench-wall-s.txt"
+    summary_path, wall_path = store / run_id / "summary.json", store / run_id / TIMES
     if summary_path.exists() and wall_path.exists():
-        times = wall_path.read_text().split()
-        return json.loads(summary_path.read_text()), float(times[0]), float(times[2]) if len(times) > 2 else math.nan
+        return json.loads(summary_path.read_text()), *kept_times(store / run_id)
     ragen = str(Path(sys.executable).parent / "ragen")  # the console script installed beside this Python
     command = [ragen, "train", preset, "--run-id", run_id, "--store", str(store)]
     command += ["--set", f"seed={seed}", *(item for o in overrides for item in ("--set", o))]
@@ -123,9 +132,7 @@ def main() -> None:
             summary = json.loads((folder / "summary.json").read_text())
             if env not in summary["eval_after_rl"]:  # a run of another game's preset
                 continue
-            times = (folder / "bench-wall-s.txt").read_text().split() if (folder / "bench-wall-s.txt").exists() else []
-            wall, cpu = (float(times[0]), float(times[2])) if len(times) > 2 else (math.nan, math.nan)
-            runs.append((summary, wall, cpu))
+            runs.append((summary, *kept_times(folder)))
             labels.append(folder.name)
         for temperature in args.temperatures:
             sft, rl, zs = [], [], []
