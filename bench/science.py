@@ -147,7 +147,7 @@ def main() -> None:
                     f"z {zs[-1]:+.2f}  wall {wall / 60:.1f} min",
                     flush=True,
                 )
-            n = args.eval_seeds * len(args.seeds)
+            n = args.eval_seeds * len(runs)  # the seeds trained here and the runs added with --runs
             pooled_z = one_sided_z(statistics.fmean(sft), n, statistics.fmean(rl), n)
             ceiling = "-" if reference["ceiling"] is None else f"{reference['ceiling']:.3f}"
             rows.append(
