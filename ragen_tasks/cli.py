@@ -233,9 +233,7 @@ def regress(
 ) -> None:
     """Regression gate: play CANDIDATE on the baseline's seeds and compare seed by seed (exact
     McNemar test). Prints the table; exit 0 on pass, 1 on a regression, 2 on bad input."""
-    from ragen_tasks.config import ConfigError
     from ragen_tasks.pipeline import gate
-    from ragen_tasks.training.checkpoint import CheckpointError
 
     _quiet_model_loading()
     try:
@@ -244,7 +242,7 @@ def regress(
         )
         if output:
             gate.write_json(output, outcome.candidate)
-    except (ConfigError, FileNotFoundError, ValueError, CheckpointError) as exc:  # bad input, never a verdict
+    except _user_errors() as exc:  # bad input (exit 2), never a verdict
         raise _fail(str(exc)) from None
     typer.echo(outcome.result.summary())
     if not outcome.result.passed:
