@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows.params import EnvChoice, PresetChoice
+from flows.retry import retry_unless
 from ragen_tasks.pipeline import gate
 from ragen_tasks.training.checkpoint import CheckpointError
 
@@ -32,15 +33,8 @@ def run_artifact_key(prefix: str) -> str:
     return f"{prefix}-{flow_run.id}"
 
 
-def transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a failed attempt unless its input was bad (a retry would fail the same way)."""
-    try:
-        state.result()
-    except (ValueError, FileNotFoundError, CheckpointError):
-        return False
-    except Exception:
-        return True
-    return True
+#: Retry a failed attempt unless its input was bad (a retry would fail the same way).
+transient = retry_unless(ValueError, FileNotFoundError, CheckpointError)
 
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=1, retry_condition_fn=transient)

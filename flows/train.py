@@ -25,6 +25,7 @@ from pydantic import Field
 from flows import stages
 from flows.params import PresetChoice
 from flows.progress import Clock, RunDisplay, publish_summary
+from flows.retry import retry_unless
 from ragen_tasks import guard, pipeline
 from ragen_tasks.config import ConfigError, TrainConfig
 from ragen_tasks.data.keys import PART_PATTERN
@@ -39,13 +40,11 @@ from ragen_tasks.validation.batch import BatchValidationError
 # NO_CACHE: idempotence comes from the store's manifests, not from Prefect's result cache.
 
 
-def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: an error that a retry would meet again (bad config, a diverged
-    update, a quarantined batch, a refused checkpoint) fails the task at once, with its message."""
-    return not isinstance(state.data, FINAL_ERRORS)
-
-
-FINAL_ERRORS = (ConfigError, NonFiniteUpdateError, BatchValidationError, CheckpointError, RunLeaseError)
+#: Errors a retry would meet again (bad config, a diverged update, a quarantined batch, a refused
+#: checkpoint, another writer): the task fails at once, with its message.
+retry_unless_final = retry_unless(
+    ConfigError, NonFiniteUpdateError, BatchValidationError, CheckpointError, RunLeaseError
+)
 
 
 @task(name="init-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_final)
