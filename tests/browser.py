@@ -22,6 +22,8 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
+from tests.conftest import stop_process
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -129,9 +131,5 @@ class Page:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._ws.close()
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        stop_process(self._proc, timeout=10)
         shutil.rmtree(self._profile, ignore_errors=True)

@@ -7,7 +7,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemet
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download a model
 
 import socket
+import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -80,6 +82,17 @@ def s3_server():
             yield endpoint
         finally:
             server.stop()
+
+
+def stop_process(proc: subprocess.Popen[Any], *, timeout: float) -> None:
+    """Stop a helper process the tests started (a server, a worker, a browser): terminate, and kill
+    it if it is still there after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --- Prefect: flow tests run against a real (temporary, local) API via Prefect's test harness -----

@@ -26,6 +26,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.conftest import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 
@@ -99,11 +101,7 @@ class Server:
         return response.json()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, timeout=30)
         self.log.close()
 
 
@@ -142,11 +140,7 @@ def worker(
     try:
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=30)
         log.close()
 
 

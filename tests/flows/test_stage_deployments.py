@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ragen_tasks import pipeline
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "stage-test-process"
@@ -106,12 +106,7 @@ def test_rollout_stage_runs_as_a_deployment_on_a_process_worker(tmp_path: Path) 
         print(log.read_text()[-4000:])
         raise
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_process(worker, timeout=20)
     # The rollout ran once, as its deployment, in the worker's process, and committed to the store.
     assert asyncio.run(_flow_run_states(ids["rollout-stage"])) == ["COMPLETED"]
     assert run.store.has_manifest(run.run_id, 0, "rollouts")
