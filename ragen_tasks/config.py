@@ -169,6 +169,25 @@ class OptimConfig(_Frozen):
     )
 
 
+class UpdateConfig(_Frozen):
+    """Where the update stage runs: how many data-parallel ranks share one update (see
+    ``ragen_tasks.training.distributed``). Each rank takes a token-balanced shard of every minibatch;
+    the backend (torch DDP, or DeepSpeed ZeRO with ``optim.backend: deepspeed``) averages gradients."""
+
+    world_size: int = Field(
+        1,
+        ge=0,
+        description="data-parallel ranks per node: 1 = in the stage's own process (no launcher); N > 1 = "
+        "torchrun --nproc-per-node N; 0 = one rank per visible GPU (a pod's gpu_count)",
+    )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description="nodes (pods) of one update: > 1 runs the ranks as a Kubernetes Indexed Job with torchrun's "
+        "c10d rendezvous (see k8s/README.md)",
+    )
+
+
 class FreshnessConfig(_Frozen):
     max_staleness: int = Field(
         0, ge=0, description="rollout freshness: policy-version lag allowed; 0 = strictly on-policy"
@@ -268,6 +287,7 @@ class TrainConfig(_Frozen):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="rollout")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="algorithm")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer / backend")
+    update: UpdateConfig = Field(default_factory=UpdateConfig, description="data-parallel ranks of the update")
     freshness: FreshnessConfig = Field(default_factory=FreshnessConfig, description="freshness")
     store: StoreConfig = Field(default_factory=StoreConfig, description="store")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")
