@@ -155,6 +155,12 @@ class OptimConfig(_Frozen):
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
     minibatch_size: int = Field(32, ge=1, description="trajectories per optimizer step")
     micro_batch_size: int = Field(8, ge=1, description="trajectories per forward/backward (gradient accumulation)")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="packed micro-batches: at most this many padded tokens (rows x longest row) per forward/backward, "
+        "rows sorted by length so each micro-batch pads only to its own longest; None = micro_batch_size rows only",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     max_consecutive_skips: int = Field(3, ge=1, description="abort after this many non-finite steps in a row")
     max_weight_abs: float = Field(

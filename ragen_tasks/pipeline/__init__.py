@@ -5,8 +5,9 @@
   iteration rows, the run as an iteration must see it (``run_in_force``);
 - ``trainer``: build, save and load the trainer; the warm-started initial policy and its cache;
 - ``policy``: rollouts and held-out evaluation of the policy in a checkpoint folder;
-- ``stages``: the stages of an iteration (generate tasks, rollout, filter + validate, update,
-  rollback, evaluate, record), each idempotent through the store's manifests;
+- ``stages``: the stages of an iteration (generate tasks, rollout, filter + validate, evaluate,
+  record), each idempotent through the store's manifests; ``update_stage``: the update (on one
+  process or several data-parallel ranks, ``update_ranks`` being a rank's program) and the rollback;
 - ``async_rollout``: rollout workers and the trainer's consumption of their batches (async mode).
 
 The public names of the first five are importable from here (``pipeline.update(run, k)``).
@@ -45,11 +46,9 @@ from ragen_tasks.pipeline.stages import (
     initial_eval,
     iteration_row,
     record_iteration,
-    rollback,
     rollout,
     should_evaluate,
     stop_record,
-    update,
 )
 from ragen_tasks.pipeline.trainer import (
     Trainer,
@@ -60,6 +59,7 @@ from ragen_tasks.pipeline.trainer import (
     warm_start_key,
     warm_started_policy,
 )
+from ragen_tasks.pipeline.update_stage import rollback, update
 
 __all__ = [
     "PRODUCER",

@@ -5,7 +5,8 @@ and returns a small JSON-able summary. Each is idempotent: run again for the sam
 finds its committed output and returns at once, so a retried task or a re-run flow never redoes
 or duplicates work.
 
-Per iteration ``k`` (``s = policy_step(k)``, see ``lineage``)::
+Per iteration ``k`` (``s = policy_step(k)``, see ``lineage``; the update and the rollback live in
+``update_stage``)::
 
     generate_tasks(k)      -> iter_k/tasks/tasks.json
     rollout(k)             -> iter_k/rollouts/   (trajectories sampled by policy step s)
@@ -32,7 +33,6 @@ import torch
 from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
 from ragen_tasks.config import ConfigError, TrainConfig, with_overrides
 from ragen_tasks.data.freshness import freshness_report
-from ragen_tasks.data.token_batch import collate_table
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.guard import GuardDecision
 from ragen_tasks.models.presets import PRESETS
@@ -48,9 +48,7 @@ from ragen_tasks.pipeline.run import (
     recorded_changes,
 )
 from ragen_tasks.pipeline.trainer import (
-    TrainerHandoff,
     build_trainer,
-    load_trainer,
     republish,
     save_trainer,
     step_missing,
@@ -58,9 +56,7 @@ from ragen_tasks.pipeline.trainer import (
 )
 from ragen_tasks.rollout.loop import RolloutTask, make_group_tasks
 from ragen_tasks.training import checkpoint as ckpt
-from ragen_tasks.training.critic import make_reference
-from ragen_tasks.training.update import DivergedUpdateError, NonFiniteUpdateError, diverged_weights, ppo_update
-from ragen_tasks.validation.batch import BatchLimits, BatchValidationError, read_or_quarantine, validate_stored_batch
+from ragen_tasks.validation.batch import BatchLimits, validate_stored_batch
 
 log = logging.getLogger(__name__)
 
@@ -245,126 +241,12 @@ def filter_and_validate(run: Run, iteration: int, *, current_version: int | None
         weights_fingerprint=manifest.weights_fingerprint,
     )
     metrics["timing/filter_s"] = time.perf_counter() - t0  # read + GX + freshness + filter + batch write
-    summary = _json_floats(metrics)
+    summary = json_floats(metrics)
     run.store.write_json(run.run_id, iteration, "batch", "summary", summary, producer=PRODUCER, policy_version=version)
     return summary
 
 
-def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> dict[str, Any]:
-    """One StarPO update on the iteration's batch: policy step ``s = policy_step(run, iteration)`` ->
-    ``s + 1`` (always the newest step: steps only grow). ``handoff``: where the previous update of
-    this process left its trainer (None: load it from the checkpoint).
-
-    The update's metrics commit inside checkpoint ``s + 1`` (its ``metadata.json``), so a retry that
-    finds the checkpoint committed but not the metrics manifest restores them exactly. An update
-    whose weights come out non-finite or beyond ``optim.max_weight_abs`` is never committed: it
-    raises DivergedUpdateError naming the cause and how to continue the run."""
-    config = run.config
-    t0 = time.perf_counter()
-    step = policy_step(run, iteration)
-    new_step = step + 1
-    if run.store.has_manifest(run.run_id, iteration, "update", "metrics"):
-        stored, _ = run.store.read_json(run.run_id, iteration, "update", "metrics")
-        return dict(stored)
-    metrics: dict[str, Any]
-    if not step_missing(run, new_step):  # a retry after the checkpoint committed but before the metrics did
-        republish(run, new_step)
-        recorded = ckpt.read_metadata(run.checkpoint_path(new_step)) or {}
-        metrics = dict(recorded.get("update_metrics", {"checkpoint/step": float(new_step)}))
-    else:
-        trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
-        ckpt.seed_global_rngs(config.seed, new_step)  # rng.pt: the same whether the trainer was loaded or handed on
-        batch = _read_batch(run, iteration)
-        if batch.num_rows:
-            pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
-            ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
-            device = next(trainer.actor_module.parameters()).device
-            try:
-                metrics = ppo_update(
-                    collate_table(batch, pad_id=pad_id).to(device),
-                    actor=trainer.train_models["actor"],
-                    algo=config.algo,
-                    optim=config.optim,
-                    generator=trainer.generator,
-                    critic=trainer.train_models.get("critic"),
-                    ref_model=ref,
-                )
-            except NonFiniteUpdateError as exc:
-                raise NonFiniteUpdateError(f"iteration {iteration}: {exc}. {_continue_hint(run, step, 'lr')}") from None
-            problem = diverged_weights({"actor": trainer.actor_module, **trainer.models}, config.optim.max_weight_abs)
-            if problem is not None:
-                lr = "critic_lr" if problem.startswith("critic") else "lr"
-                steps, skipped = metrics.get("actor/steps", 0), metrics.get("actor/skipped_steps", 0)
-                raise DivergedUpdateError(
-                    f"iteration {iteration}: the update from checkpoint step {step} diverged: {problem} "
-                    f"(optim.{lr}={getattr(config.optim, lr):g}; {skipped:.0f} of {steps + skipped:.0f} optimizer "
-                    f"steps skipped for a non-finite gradient norm). Checkpoint step {new_step} was NOT committed. "
-                    f"{_continue_hint(run, step, lr)}"
-                )
-        else:
-            log.warning("iteration %d: the filtered batch is empty; the policy is carried over unchanged", iteration)
-            metrics = {"batch/trajectories": 0.0}
-        metrics["checkpoint/step"] = float(new_step)
-        save_trainer(run, trainer, new_step, metadata={"update_metrics": _json_floats(metrics)})
-        if handoff is not None:
-            handoff.keep(run, trainer, new_step)
-    metrics["timing/update_stage_s"] = time.perf_counter() - t0  # checkpoint load/save + ppo_update (timing/update_s)
-    finite = _json_floats(metrics)
-    run.store.write_json(
-        run.run_id,
-        iteration,
-        "update",
-        "metrics",
-        finite,
-        producer=PRODUCER,
-        policy_version=new_step,
-        weights_fingerprint=marker_fingerprint(run, new_step),  # the lineage's record of step new_step
-    )
-    return finite
-
-
-def _continue_hint(run: Run, step: int, lr: str) -> str:
-    return (
-        f"The run can continue from checkpoint step {step} with a lower learning rate: "
-        f"ragen train <same preset and --set> --run-id {run.run_id} --resume-set optim.{lr}=<lower> "
-        "(the change is recorded in the run)"
-    )
-
-
-def _read_batch(run: Run, iteration: int) -> Any:
-    """The iteration's training batch; one that cannot be read back is quarantined together with the
-    filter's summary, so a rerun filters the rollouts again and commits the batch anew."""
-    try:
-        return read_or_quarantine(run.store, run.run_id, iteration, "batch")[0]
-    except BatchValidationError:
-        if run.store.has_manifest(run.run_id, iteration, "batch", "summary"):
-            run.store.quarantine(run.run_id, iteration, "batch", "summary", {"reason": "its batch was quarantined"})
-        raise
-
-
-def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
-    """Commit checkpoint ``new_step`` holding checkpoint ``to_step``'s exact weights, optimizer and
-    RNG state (the guard's rollback), so the next iteration continues from the healthy policy."""
-    if not run.store.has_manifest(run.run_id, iteration, "update", "rollback"):
-        if step_missing(run, new_step):
-            save_trainer(run, load_trainer(run, to_step), new_step)
-        else:
-            republish(run, new_step)
-        run.store.write_json(
-            run.run_id,
-            iteration,
-            "update",
-            "rollback",
-            {"to_step": to_step, "new_step": new_step, "fingerprint": marker_fingerprint(run, new_step)},
-            producer=PRODUCER,
-            policy_version=new_step,
-            weights_fingerprint=marker_fingerprint(run, new_step),
-        )
-    result, _ = run.store.read_json(run.run_id, iteration, "update", "rollback")
-    return dict(result)
-
-
-def _json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+def json_floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     """Metrics as plain floats (None for non-numbers). NaN / inf are KEPT: the store's JSON keeps
     them (Python's json reads NaN and Infinity back) and the Echo-Trap guard must see a non-finite
     gradient norm; displays sanitise them."""

@@ -3,6 +3,7 @@ warm-started initial policy, cached in the store by what it is a function of."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from ragen_tasks.pipeline.run import PRODUCER, Run
 from ragen_tasks.training import checkpoint as ckpt
 from ragen_tasks.training.backend import TrainModel, make_optimizer, make_train_model
 from ragen_tasks.training.critic import make_critic
+from ragen_tasks.training.distributed import barrier, current_ranks
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +75,28 @@ def save_trainer(
 ) -> ckpt.CheckpointInfo:
     """Commit the trainer as checkpoint ``step`` (with ``metadata``: what the step's commit must
     cover, see ``checkpoint.save_checkpoint``), prune old ones (never ``run.protect_steps``), mirror
-    it to the store (where old ones are pruned too)."""
-    info = ckpt.save_checkpoint(
-        run.checkpoint_root,
-        step,
-        actor=trainer.actor_module,
-        tokenizer=trainer.tokenizer,
-        optimizers=dict(trainer.train_models),
-        models=trainer.models,
-        extra_state={"generator": trainer.generator.get_state()},
-        metadata=metadata,
-    )
-    ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
-    run.publish_checkpoint(step)
-    run.prune_store_checkpoints()
+    it to the store (where old ones are pruned too). With several data-parallel ranks every rank
+    calls it: each writes its part, rank 0 commits, prunes and mirrors."""
+    ranks = current_ranks()
+    with contextlib.ExitStack() as stack:  # the whole weights on every rank while rank 0 writes them
+        for train_model in trainer.train_models.values():
+            stack.enter_context(train_model.full_weights())
+        info = ckpt.save_checkpoint(
+            run.checkpoint_root,
+            step,
+            actor=trainer.actor_module,
+            tokenizer=trainer.tokenizer,
+            optimizers=dict(trainer.train_models),
+            models=trainer.models,
+            extra_state={"generator": trainer.generator.get_state()},
+            metadata=metadata,
+            ranks=ranks,
+        )
+    if ranks.is_main:
+        ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
+        run.publish_checkpoint(step)
+        run.prune_store_checkpoints()
+    barrier()  # no rank reads the store's checkpoints before rank 0 mirrored this one
     return info
 
 
@@ -94,12 +104,16 @@ def load_trainer(run: Run, step: int) -> Trainer:
     """Weights, optimizer state and shuffling RNG of checkpoint ``step`` (weights first, then the
     backend wraps, then the optimizer state goes in through the wrapper). The learning rates of the
     config in force win over the saved ones (a guard mitigation may have lowered them)."""
+    ranks = current_ranks()
+    if ranks.local_rank == 0:  # one fetch per node from an s3:// store; the node's other ranks wait
+        run.checkpoint_path(step, verify=False)
+    barrier()
     path = run.checkpoint_path(step)
     fingerprint(run, step)  # the run's lineage must agree with the marker (a re-signed checkpoint is refused)
     actor, tokenizer, models = _modules(run.config, path)
     info = ckpt.load_checkpoint(path, actor=actor, models=models)
     train_models = _wrap(run.config, actor, models)
-    ckpt.load_optimizers(path, dict(train_models))
+    ckpt.load_optimizers(path, dict(train_models), ranks=ranks)
     _set_learning_rates(run.config, train_models)
     generator = torch.Generator().manual_seed(run.config.optim.seed)
     generator.set_state(info.extra_state["generator"])

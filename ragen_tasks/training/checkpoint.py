@@ -6,10 +6,12 @@ A checkpoint is one folder ``{root}/step_{k:06d}/``::
     config.json, generation_config.json, tokenizer files (when a tokenizer is given)
     {name}.safetensors       extra models, e.g. critic.safetensors
     optim_{name}.pt          optimizer / scheduler state dicts (torch.save; loaded weights_only=True)
+    optim_{name}.rank{r:03d}-of-{N:03d}.pt   instead, one part per rank where the state is sharded (ZeRO, N ranks)
     rng.pt                   torch CPU (+ CUDA) RNG, python ``random`` and numpy RNG states
     extra_state.pt           caller's state (shuffle generator, counters ...; weights_only types only)
     metadata.json            caller's JSON record committed with the weights (the update's metrics)
-    COMMITTED.json           the marker, written LAST: step, policy version, fingerprint, sha256 of every file
+    COMMITTED.json           the marker, written LAST: step, policy version, fingerprint, sha256 of every
+                             file, the world size and each optimizer's number of parts
 
 Protocol: every file is written into a fresh hidden temp folder, which is renamed into place; the
 marker is then written atomically (temp file + ``os.replace``). A folder without the marker, or whose
@@ -37,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
+
+from ragen_tasks.training.distributed import SINGLE, Ranks, all_gather, broadcast
 
 log = logging.getLogger(__name__)
 
@@ -127,34 +131,115 @@ def save_checkpoint(
     policy_version: int | None = None,
     keep_last: int | None = None,
     metadata: dict[str, Any] | None = None,
+    ranks: Ranks = SINGLE,
 ) -> CheckpointInfo:
     """Write and commit ``{root}/step_{step:06d}``; return its info.
 
     ``actor`` is a transformers ``PreTrainedModel`` (saved with ``save_pretrained``). ``optimizers``
-    maps a name to anything with ``state_dict()`` (optimizers, LR schedulers). ``models`` are extra
-    modules (e.g. ``{"critic": critic}``) saved as ``{name}.safetensors``. ``extra_state`` must hold
-    only types ``torch.load(weights_only=True)`` accepts. ``policy_version`` defaults to ``step``.
-    ``keep_last``: after this one commits, delete older committed checkpoints beyond the newest N.
-    ``metadata``: a JSON-able record saved as ``metadata.json``, covered by the marker like the
-    weights, so whatever the caller derives from this step (its metrics) commits with it.
+    maps a name to anything with ``state_dict()`` (optimizers, LR schedulers, backend TrainModels).
+    ``models`` are extra modules (e.g. ``{"critic": critic}``) saved as ``{name}.safetensors``.
+    ``extra_state`` must hold only types ``torch.load(weights_only=True)`` accepts.
+    ``policy_version`` defaults to ``step``. ``keep_last``: after this one commits, delete older
+    committed checkpoints beyond the newest N. ``metadata``: a JSON-able record saved as
+    ``metadata.json``, covered by the marker like the weights, so whatever the caller derives from
+    this step (its metrics) commits with it.
+
+    Several data-parallel ranks (``ranks.world_size`` > 1): every rank calls this with its own
+    objects. Rank 0 writes everything except sharded optimizer state; every rank writes its part of
+    each optimizer whose ``sharded_state`` is True, as ``optim_{name}.rank{r:03d}-of-{N:03d}.pt``;
+    after all ranks finished (a barrier), rank 0 renames the folder and writes the marker, which
+    lists every part. So a checkpoint is committed whole or not at all. The ranks must share
+    ``root`` (one node, or a shared volume): a rank that cannot see rank 0's folder fails all ranks.
     """
     if step < 0:
         raise ValueError(f"save_checkpoint: step={step} must be >= 0")
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
+    tmp: Path | None = None
+    problem = None
+    if ranks.is_main:
+        try:
+            tmp = _fresh_folder(root, final)
+        except CheckpointError as exc:
+            problem = str(exc)
+    _agree(problem)
+    tmp = Path(broadcast(str(tmp)))
+    _agree(
+        None
+        if tmp.is_dir()
+        else f"rank {ranks.rank} cannot see rank 0's checkpoint folder {tmp}: the ranks must share the checkpoint "
+        "root (one node, or RAGEN_SCRATCH on a shared volume)"
+    )
+    parts = {name: ranks.world_size if getattr(obj, "sharded_state", False) else 1 for name, obj in optimizers.items()}
+    written: list[Path] = []
+    try:
+        for name, obj in optimizers.items():
+            if parts[name] > 1:
+                written.append(tmp / _part_name(name, ranks.rank, parts[name]))
+                torch.save(obj.state_dict(), written[-1])
+            elif ranks.is_main:
+                written.append(tmp / f"optim_{name}.pt")
+                torch.save(obj.state_dict(), written[-1])
+        if ranks.is_main:
+            written += _write_main_files(tmp, actor, tokenizer, models, extra_state, metadata)
+        for p in written:
+            # One mode for every file: safetensors writes through a temp file created 0600.
+            os.chmod(p, 0o644)
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    except OSError as exc:
+        problem = f"rank {ranks.rank} could not write checkpoint {final}: {exc}"
+    _agree(problem)  # every rank's part is on disk
+    info = None
+    if ranks.is_main:
+        info = _commit(root, final, tmp, step, policy_version, optimizers, models, parts, ranks.world_size)
+        if keep_last is not None:
+            prune(root, keep_last=keep_last)
+    info = broadcast(info)
+    assert info is not None
+    return CheckpointInfo(
+        path=info.path, step=info.step, policy_version=info.policy_version, fingerprint=info.fingerprint
+    )
+
+
+def _part_name(name: str, rank: int, parts: int) -> str:
+    """File of rank ``rank``'s part of optimizer ``name``, sharded over ``parts`` ranks."""
+    return f"optim_{name}.rank{rank:03d}-of-{parts:03d}.pt"
+
+
+def _agree(problem: str | None) -> None:
+    """Raise CheckpointError on EVERY rank if any rank has a ``problem`` (a rank that raised alone
+    would leave the others waiting in the next collective)."""
+    problems = [p for p in all_gather(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+
+
+def _fresh_folder(root: Path, final: Path) -> Path:
+    """An empty hidden temp folder for ``final``'s files, after removing what an interrupted save of
+    the same step left (only this step's: another step's temp folder may belong to a save in progress)."""
+    root.mkdir(parents=True, exist_ok=True)
     if (final / MARKER).exists():
         raise CheckpointError(f"{final} is already committed; refusing to overwrite a committed checkpoint")
-    # Leftovers of a save of this step killed before its rename (only this step's: another step's
-    # temp folder may belong to a save in progress).
     for stale in root.glob(f"{_TMP_PREFIX}{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if final.exists():  # renamed but never committed: a save killed before the marker
         log.warning("removing uncommitted checkpoint folder %s", final)
         shutil.rmtree(final)
-
     tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    return tmp
+
+
+def _write_main_files(
+    tmp: Path,
+    actor: torch.nn.Module,
+    tokenizer: Any,
+    models: dict[str, torch.nn.Module] | None,
+    extra_state: dict[str, Any] | None,
+    metadata: dict[str, Any] | None,
+) -> list[Path]:
+    """Rank 0's files: weights (HF format), tokenizer, extra models, RNG, extra state, metadata."""
     actor.save_pretrained(tmp, max_shard_size="1000GB")  # type: ignore[operator]
     if not (tmp / WEIGHTS).exists():
         raise CheckpointError(f"{type(actor).__name__}.save_pretrained did not write {WEIGHTS}")
@@ -162,21 +247,28 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
     for name, module in (models or {}).items():
         save_model(module, str(tmp / f"{name}.safetensors"))
-    for name, obj in optimizers.items():
-        torch.save(obj.state_dict(), tmp / f"optim_{name}.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
     if metadata is not None:
         (tmp / METADATA).write_text(json.dumps(metadata, sort_keys=True))
-    for p in tmp.iterdir():
-        # One mode for every file: safetensors writes through a temp file created 0600.
-        os.chmod(p, 0o644)
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
+    return [p for p in tmp.iterdir() if p.is_file() and not p.name.startswith("optim_")]
+
+
+def _commit(
+    root: Path,
+    final: Path,
+    tmp: Path,
+    step: int,
+    policy_version: int | None,
+    optimizers: dict[str, Any],
+    models: dict[str, torch.nn.Module] | None,
+    parts: dict[str, int],
+    world_size: int,
+) -> CheckpointInfo:
+    """Rename ``tmp`` into place and write the marker (the commit), hashing every file."""
     _fsync_dir(tmp)
     os.rename(tmp, final)
     _fsync_dir(root)
-
     files = {p.name: sha256_file(p) for p in sorted(final.iterdir()) if p.is_file()}
     version = step if policy_version is None else policy_version
     marker = {
@@ -186,6 +278,8 @@ def save_checkpoint(
         "fingerprint": files[WEIGHTS],
         "files": files,
         "optimizers": sorted(optimizers),
+        "optimizer_parts": parts,
+        "world_size": world_size,
         "models": sorted(models or {}),
     }
     tmp_marker = final / f"{_TMP_PREFIX}{MARKER}"
@@ -194,10 +288,7 @@ def save_checkpoint(
         os.fsync(f.fileno())
     os.replace(tmp_marker, final / MARKER)  # the commit
     _fsync_dir(final)
-    info = CheckpointInfo(path=final, step=step, policy_version=version, fingerprint=files[WEIGHTS])
-    if keep_last is not None:
-        prune(root, keep_last=keep_last)
-    return info
+    return CheckpointInfo(path=final, step=step, policy_version=version, fingerprint=files[WEIGHTS])
 
 
 def committed_checkpoints(root: Path) -> list[CheckpointInfo]:
@@ -327,17 +418,46 @@ def load_weights(actor: torch.nn.Module, path: Path) -> None:
         raise CheckpointError(f"{path}/{WEIGHTS}: model keys missing from the file: {missing[:5]}")
 
 
-def load_optimizers(path: Path, optimizers: dict[str, Any], *, marker: dict[str, Any] | None = None) -> None:
-    """Load ``optim_{name}.pt`` of committed checkpoint ``path`` into each object (anything with
+def load_optimizers(
+    path: Path, optimizers: dict[str, Any], *, marker: dict[str, Any] | None = None, ranks: Ranks = SINGLE
+) -> list[str]:
+    """Load the optimizer state of committed checkpoint ``path`` into each object (anything with
     ``load_state_dict``: an optimizer, or a backend ``TrainModel``, whose state must be loaded after
-    the backend wrapped the model). ``marker``: the already verified marker (else verified here)."""
+    the backend wrapped the model). ``marker``: the already verified marker (else verified here).
+
+    Whole state (``optim_{name}.pt``) loads anywhere it fits. Sharded state (one part per rank, ZeRO)
+    loads only into the same number of ranks, each its own part: a partition's layout depends on the
+    world size. Otherwise the policy is a **fresh optimizer state** (the weights are exact; AdamW's
+    moments and step count restart), logged as a warning. Returns the names so reset."""
     path = Path(path)
     marker = verify_checkpoint(path) if marker is None else marker
+    reset = []
     for name, obj in optimizers.items():
-        f = path / f"optim_{name}.pt"
-        if not f.exists():
+        if name not in marker.get("optimizers", []):
             raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (has {marker['optimizers']})")
-        obj.load_state_dict(torch.load(f, weights_only=True))
+        parts = int(marker.get("optimizer_parts", {}).get(name, 1))
+        files = [f"optim_{name}.pt"] if parts == 1 else [_part_name(name, r, parts) for r in range(parts)]
+        missing = [f for f in files if f not in marker["files"]]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {path}: optimizer {name!r} is incomplete: its marker lacks {', '.join(missing)}"
+            )
+        sharded_here = bool(getattr(obj, "sharded_state", False))
+        if parts == 1 and not sharded_here:
+            obj.load_state_dict(torch.load(path / files[0], weights_only=True))
+        elif parts > 1 and sharded_here and parts == ranks.world_size:
+            obj.load_state_dict(torch.load(path / files[ranks.rank], weights_only=True))
+        else:
+            reset.append(name)
+            log.warning(
+                "checkpoint %s: optimizer %r was saved %s; this update runs %s: its state cannot be split "
+                "that way, so the optimizer starts fresh (weights exact; moments and step count reset)",
+                path,
+                name,
+                f"in {parts} parts" if parts > 1 else "whole",
+                f"{ranks.world_size} ranks with sharded state" if sharded_here else "whole state",
+            )
+    return reset
 
 
 def load_checkpoint(

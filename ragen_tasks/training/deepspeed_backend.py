@@ -7,7 +7,14 @@ the minibatch denominator, so DeepSpeed must not rescale it (``scale_wrt_gas=Fal
 accumulation boundary is set explicitly on the last micro-batch.
 
 On a machine without a GPU it runs on CPU with the gloo backend (world size 1 unless launched by
-torchrun / deepspeed): set MASTER_ADDR / MASTER_PORT or let :func:`init_distributed` default them.
+torchrun, see ``ragen_tasks.training.distributed``): set MASTER_ADDR / MASTER_PORT or let
+:func:`init_distributed` default them. Forwards go through the engine (``forward_module``): ZeRO-3
+counts micro-steps there, and without it every micro-batch's gradient would overwrite the last.
+
+Optimizer state at world size > 1 with ZeRO >= 1 is sharded (``sharded_state``): each rank's
+``state_dict`` is the inner torch optimizer's state over that rank's flat fp32 partition, and a
+checkpoint holds one part per rank. Parts are only meaningful at the world size that wrote them
+(the partition layout depends on it): see ``checkpoint.load_optimizers`` for the policy elsewhere.
 Known limit: ZeRO decides on skipping non-finite steps itself (fp16 loss scaling); in fp32 / bf16 we
 report the engine's global grad norm and count a non-finite one as skipped, but the engine may
 already have applied it.
@@ -25,6 +32,7 @@ import torch
 from torch import nn
 
 from ragen_tasks.config import OptimConfig
+from ragen_tasks.training.distributed import current_ranks
 
 
 def init_distributed() -> None:
@@ -67,20 +75,36 @@ class DeepSpeedTrainModel:
             model=module, optimizer=optimizer, config=ds_config(optim)
         )
         self.module: nn.Module = self.engine.module
+        self.forward_module: nn.Module = self.engine
         self.consecutive_skips = 0
+        self.ranks = current_ranks()
+        self.zero_stage = optim.zero_stage
+        self.sharded_state = optim.zero_stage >= 1 and self.ranks.world_size > 1
         self._autocast = optim.amp_dtype == "bfloat16" and not torch.cuda.is_available()
 
     @contextlib.contextmanager
-    def forward_context(self) -> Iterator[None]:
+    def forward_context(self, *, last_micro_batch: bool = True) -> Iterator[None]:
+        self.engine.set_gradient_accumulation_boundary(last_micro_batch)
         if self._autocast:  # CPU bf16: autocast (DeepSpeed's bf16 mode targets GPUs)
             with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
                 yield
         else:
             yield
 
+    def full_weights(self) -> contextlib.AbstractContextManager[Any]:
+        if self.zero_stage < 3:
+            return contextlib.nullcontext()  # stages 0-2 keep every weight on every rank
+        import deepspeed
+
+        gathered: contextlib.AbstractContextManager[Any] = deepspeed.zero.GatheredParameters(
+            list(self.module.parameters()), modifier_rank=None
+        )
+        return gathered
+
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(last_micro_batch)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        # the engine averages the ranks' gradients; each loss is the rank's share (see backend's doc)
+        self.engine.backward(loss * self.ranks.world_size, scale_wrt_gas=False)
 
     def step(self) -> tuple[float, bool]:
         self.engine.set_gradient_accumulation_boundary(True)
@@ -90,20 +114,31 @@ class DeepSpeedTrainModel:
         return norm, math.isfinite(norm)
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner torch optimizer's state over ZeRO's flat fp32 partitions. ZeRO's own state_dict
-        holds a LossScaler object that ``torch.load(weights_only=True)`` refuses; at world size 1 the
-        partitions are rebuilt identically from the module's weights by ``deepspeed.initialize``, so
-        the inner optimizer's moments and step are all a resume needs."""
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise NotImplementedError(
-                "DeepSpeed checkpoints are single-process for now (each rank holds its own "
-                "partition): run the update with world size 1, or use optim.backend=torch"
-            )
-        inner: torch.optim.Optimizer = self.optimizer.optimizer
-        return inner.state_dict()
+        """The inner torch optimizer's state over this rank's flat fp32 partition(s). ZeRO's own
+        state_dict holds a LossScaler object that ``torch.load(weights_only=True)`` refuses; the
+        partitions themselves are rebuilt from the module's weights by ``deepspeed.initialize`` (fp32
+        master weights equal the module's), so the moments and the step count are all a resume needs."""
+        with self._inner_params():
+            inner: torch.optim.Optimizer = self.optimizer.optimizer
+            return inner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state.get("state"):
             return  # an optimizer that never stepped (e.g. checkpoint 0): nothing beyond the config's settings
-        inner: torch.optim.Optimizer = self.optimizer.optimizer
-        inner.load_state_dict(state)
+        with self._inner_params():
+            inner: torch.optim.Optimizer = self.optimizer.optimizer
+            inner.load_state_dict(state)
+
+    @contextlib.contextmanager
+    def _inner_params(self) -> Iterator[None]:
+        """ZeRO-3 keeps its inner optimizer's param groups empty between steps (the partitions are
+        swapped in for the step only); put them in while the state is read or written, as ZeRO-3's
+        own state_dict does."""
+        if self.zero_stage < 3:
+            yield
+            return
+        self.optimizer._set_fp32_optimizer_param_groups()
+        try:
+            yield
+        finally:
+            self.optimizer._clear_fp32_optimizer_param_groups()

@@ -9,8 +9,9 @@ In paper order (CleanRL style), as ``ppo_update`` reads:
    when a KL term is on), values (only with a critic);
 3. advantages that need them: token rewards (+ KL in the reward) -> GAE advantages and returns;
 4. ``ppo_epochs`` x minibatches of whole trajectories (shuffled with the seeded ``generator``),
-   each one ``minibatch_step``: micro-batches whose losses use the minibatch's denominator, so the
-   accumulated gradient equals the full minibatch's, then one optimizer step (pre-clip grad norm
+   each one ``minibatch_step``: micro-batches (this rank's token-balanced shard, packed by length:
+   ``batching``) whose losses use the minibatch's denominator, so the gradient accumulated and
+   averaged over the ranks equals the full minibatch's, then one optimizer step (pre-clip grad norm
    recorded; a non-finite norm skips the step, and ``max_consecutive_skips`` in a row raise
    ``NonFiniteUpdateError``);
 5. metrics: a flat dict of floats with namespaced keys.
@@ -39,7 +40,9 @@ from ragen_tasks.algos.rewards import token_level_rewards
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.token_batch import TokenBatch
 from ragen_tasks.training.backend import TrainModel
+from ragen_tasks.training.batching import MicroBatch, rank_plan
 from ragen_tasks.training.critic import token_logprobs
+from ragen_tasks.training.distributed import SINGLE, all_reduce
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +165,8 @@ def ppo_update(
         batch, early = kept
 
     # 2. no-grad forward passes on the rows kept
-    old = old_pass(batch, actor, critic, ref_model if algo.kl_mode != "none" else None, optim.micro_batch_size)
+    ref = ref_model if algo.kl_mode != "none" else None
+    old = old_pass(batch, actor, critic, ref, optim.micro_batch_size, optim.micro_batch_tokens)
     diff = (old.logprobs - batch.rollout_logprobs).abs() * batch.response_mask  # (B, T)
     metrics["actor/rollout_logprob_diff_max"] = float(diff.max())
 
@@ -193,6 +197,7 @@ def ppo_update(
                 sums[k] += float(v)
 
     # 5. metrics: means over the minibatches
+    tokens = int(all_reduce(torch.tensor(float(tokens))).item())  # every rank's trained tokens
     elapsed = time.perf_counter() - t0
     metrics.update({k: v / (steps + skipped) for k, v in sums.items()})
     metrics.update(
@@ -242,18 +247,30 @@ def _rows_with_signal(
 
 
 def old_pass(
-    batch: TokenBatch, actor: TrainModel, critic: TrainModel | None, ref_model: nn.Module | None, micro: int
+    batch: TokenBatch,
+    actor: TrainModel,
+    critic: TrainModel | None,
+    ref_model: nn.Module | None,
+    micro: int,
+    max_tokens: int | None = None,
 ) -> OldPass:
-    """The no-grad passes over ``batch``, ``micro`` rows at a time: the actor's log-probs, the
-    reference's (when given) and the critic's values (when given)."""
+    """The no-grad passes over ``batch`` (micro-batches of ``micro`` rows / ``max_tokens`` padded
+    tokens, sharded over the ranks): the actor's log-probs, the reference's (when given; every rank
+    runs it whole, it is not data-parallel) and the critic's values (when given)."""
     actor.module.eval()
-    logprobs = _forward_logprobs(actor.module, batch, micro, actor)
-    ref_logprobs = _forward_logprobs(ref_model, batch, micro) if ref_model is not None else None
+    logprobs = _forward_logprobs(actor.forward_module, batch, micro, actor, max_tokens)
+    ref_logprobs = _forward_logprobs(ref_model, batch, micro, None, max_tokens) if ref_model is not None else None
     values = None
     if critic is not None:
         critic.module.eval()
-        values = _forward_values(critic, batch, micro)
+        values = _forward_values(critic, batch, micro, max_tokens)
     return OldPass(logprobs, ref_logprobs, values)
+
+
+#: Metrics that are a micro-batch's share of the minibatch loss (they carry its denominator): summed.
+#: ``actor/ratio_max`` is a max; every other metric is a token mean, weighted by the micro-batch's
+#: share of the minibatch's trained tokens (exact over any cut of the minibatch into micro-batches).
+LOSS_SHARES = frozenset({"actor/pg_loss", "critic/vf_loss"})
 
 
 def minibatch_step(
@@ -268,89 +285,125 @@ def minibatch_step(
 ) -> tuple[dict[str, Tensor], bool, int]:
     """One optimizer step on the minibatch ``rows`` (whole trajectories), micro-batch by micro-batch.
 
-    Returns (the minibatch's metrics as scalar tensors, synced once by the caller: loss metrics
-    weighted by rows, ``actor/ratio_max`` a max, ``actor/entropy`` from the first micro-batch
-    unless it is in the loss, grad norms; whether the optimizer stepped; tokens processed).
+    This rank runs its micro-batches of the minibatch (``batching.rank_plan``: a token-balanced
+    shard, packed by length); every loss carries the WHOLE minibatch's denominator, so the
+    gradients accumulated over micro-batches and averaged over ranks by the backend (see
+    ``backend``) equal the whole minibatch's gradient.
+
+    Returns (the minibatch's metrics as scalar tensors, reduced over the ranks: loss shares summed,
+    ``actor/ratio_max`` a max, token means weighted by tokens; ``actor/entropy`` from each rank's
+    first micro-batch unless it is in the loss; grad norms; whether the optimizer stepped; tokens
+    this rank processed).
     """
-    denom = _denominator(batch.loss_mask[rows], algo.loss_agg)
+    lmask = batch.loss_mask[rows]  # (n, T) 1 = token trained on
+    denom = _denominator(lmask, algo.loss_agg)
+    trained_tokens = max(float(lmask.sum()), 1.0)
+    ranks = actor.ranks
+    plan = rank_plan(
+        rows,
+        batch.lengths,
+        world_size=ranks.world_size,
+        rank=ranks.rank,
+        max_rows=optim.micro_batch_size,
+        max_tokens=optim.micro_batch_tokens,
+    )
     device = batch.input_ids.device
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=device))
-    micro = optim.micro_batch_size
-    n_micro = (rows.numel() + micro - 1) // micro
     tokens = 0
-    for i in range(n_micro):
-        mrows = rows[i * micro : (i + 1) * micro]
-        mb = batch.select(mrows)
-        t = mb.seq_len
-        weight = float(mrows.numel()) / rows.numel()  # metric weight of this micro-batch
-        last = i == n_micro - 1
-        with actor.forward_context():  # entropy: for the bonus, else as a metric on micro-batch 0
+    for i, micro in enumerate(plan):
+        mb = batch.select(micro.rows)
+        mrows, t = micro.rows, mb.seq_len
+        last = i == len(plan) - 1
+        keep = 0.0 if micro.padding else 1.0  # a padding micro-batch adds nothing (see batching)
+        share = keep * float(mb.loss_mask.sum()) / trained_tokens  # weight of its token means
+        with actor.forward_context(last_micro_batch=last):  # entropy: for the bonus, else a metric on micro-batch 0
             logprobs, entropy = token_logprobs(
-                actor.module,
+                actor.forward_module,
                 mb.input_ids,
                 mb.attention_mask,
                 with_entropy=algo.entropy_coef > 0 or i == 0,
                 entropy_grad=algo.entropy_coef > 0,
                 positions=mb.loss_mask > 0,
             )  # (b, t) real where loss_mask = 1, the only tokens the losses read
-        loss, m = ppo_policy_loss(
-            logprobs,
-            old.logprobs[mrows, :t],
-            adv.advantages[mrows, :t],
-            mb.loss_mask,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            dual_clip_c=algo.dual_clip_c,
-            agg=algo.loss_agg,
-            entropy=entropy,
-            entropy_coef=algo.entropy_coef,
-            denominator=denom,
-        )
-        if algo.kl_mode == "in_loss":
-            assert old.ref_logprobs is not None
-            kl, km = kl_loss(
+            loss, m = ppo_policy_loss(
                 logprobs,
-                old.ref_logprobs[mrows, :t],
+                old.logprobs[mrows, :t],
+                adv.advantages[mrows, :t],
                 mb.loss_mask,
-                estimator=algo.kl_estimator,
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                dual_clip_c=algo.dual_clip_c,
                 agg=algo.loss_agg,
+                entropy=entropy,
+                entropy_coef=algo.entropy_coef,
                 denominator=denom,
             )
-            loss = loss + algo.kl_coef * kl
-            m.update(km)
-        actor.backward(loss, last_micro_batch=last)
-        for k, v in m.items():
-            if k == "actor/entropy":  # computed on the first micro-batch only unless it is in the loss
-                sums[k] = v.detach()
-            elif k != "actor/ratio_max":
-                sums[k] = sums[k] + weight * v.detach()
-            else:
-                sums[k] = torch.maximum(sums[k], v.detach())
+            if algo.kl_mode == "in_loss":
+                assert old.ref_logprobs is not None
+                kl, km = kl_loss(
+                    logprobs,
+                    old.ref_logprobs[mrows, :t],
+                    mb.loss_mask,
+                    estimator=algo.kl_estimator,
+                    agg=algo.loss_agg,
+                    denominator=denom,
+                )
+                loss = loss + algo.kl_coef * kl
+                m.update(km)
+            actor.backward(loss * keep, last_micro_batch=last)
+        if "actor/entropy" in m:  # a token mean over the micro-batches that computed it
+            sums["entropy/share"] = sums["entropy/share"] + share
+        _accumulate(sums, m, keep, share)
         if critic is not None:
             assert adv.returns is not None and old.values is not None
-            with critic.forward_context():
-                values = critic.module(mb.input_ids, mb.attention_mask).float()  # (b, t)
-            vloss, vm = value_loss(
-                values,
-                old.values[mrows, :t],
-                adv.returns[mrows, :t],
-                mb.loss_mask,
-                clip_range=algo.value_clip,
-                agg=algo.loss_agg,
-                denominator=denom,
-            )
-            critic.backward(vloss, last_micro_batch=last)
-            for k, v in vm.items():
-                sums[k] = sums[k] + weight * v.detach()
-        tokens += int(mb.lengths.sum())
+            with critic.forward_context(last_micro_batch=last):
+                values = critic.forward_module(mb.input_ids, mb.attention_mask).float()  # (b, t)
+                vloss, vm = value_loss(
+                    values,
+                    old.values[mrows, :t],
+                    adv.returns[mrows, :t],
+                    mb.loss_mask,
+                    clip_range=algo.value_clip,
+                    agg=algo.loss_agg,
+                    denominator=denom,
+                )
+                critic.backward(vloss * keep, last_micro_batch=last)
+            _accumulate(sums, vm, keep, share)
+        tokens += 0 if micro.padding else int(mb.lengths.sum())
+    reduced = _reduce_over_ranks(sums)
+    if "entropy/share" in reduced:
+        reduced["actor/entropy"] = reduced["actor/entropy"] / reduced.pop("entropy/share").clamp_min(1e-12)
     grad_norm, stepped = actor.step()
-    sums["actor/grad_norm"] = torch.tensor(grad_norm)
+    reduced["actor/grad_norm"] = torch.tensor(grad_norm)
     if critic is not None:
         c_norm, c_stepped = critic.step()
-        sums["critic/grad_norm"] = torch.tensor(c_norm)
+        reduced["critic/grad_norm"] = torch.tensor(c_norm)
         stepped = stepped and c_stepped
     _count_step(actor, stepped, grad_norm, optim.max_consecutive_skips)
-    return sums, stepped, tokens
+    return reduced, stepped, tokens
+
+
+def _accumulate(sums: dict[str, Tensor], metrics: dict[str, Tensor], keep: float, share: float) -> None:
+    """Add one micro-batch's ``metrics`` to ``sums`` (see ``LOSS_SHARES``); a padding micro-batch
+    (``keep`` 0) adds zeros, so every rank holds the same keys for the reduction."""
+    for k, v in metrics.items():
+        v = v.detach()
+        if k == "actor/ratio_max":
+            sums[k] = torch.maximum(sums[k], v)  # a padding row is a real row of the minibatch
+        elif k in LOSS_SHARES:
+            sums[k] = sums[k] + keep * v
+        else:
+            sums[k] = sums[k] + share * v
+
+
+def _reduce_over_ranks(sums: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Every rank's ``sums`` combined: one all-reduce for the sums, one for the max (no-op at 1 rank)."""
+    keys = sorted(k for k in sums if k != "actor/ratio_max")
+    packed = all_reduce(torch.stack([sums[k].float() for k in keys])) if keys else torch.zeros(0)
+    out = {k: packed[i] for i, k in enumerate(keys)}
+    if "actor/ratio_max" in sums:
+        out["actor/ratio_max"] = all_reduce(sums["actor/ratio_max"].float().clone(), op="max")
+    return out
 
 
 def _count_step(actor: TrainModel, stepped: bool, grad_norm: float, max_skips: int) -> None:
@@ -370,32 +423,47 @@ def _count_step(actor: TrainModel, stepped: bool, grad_norm: float, max_skips: i
         )
 
 
+def _rank_micro_batches(
+    batch: TokenBatch, ctx: TrainModel | None, micro: int, max_tokens: int | None
+) -> list[MicroBatch]:
+    """This rank's micro-batches of a no-grad pass over the whole batch (one rank without ``ctx``)."""
+    ranks = ctx.ranks if ctx is not None else SINGLE
+    rows = torch.arange(batch.batch_size)
+    return rank_plan(
+        rows, batch.lengths, world_size=ranks.world_size, rank=ranks.rank, max_rows=micro, max_tokens=max_tokens
+    )
+
+
 @torch.no_grad()
-def _forward_logprobs(model: nn.Module, batch: TokenBatch, micro: int, ctx: TrainModel | None = None) -> Tensor:
-    """(B, T) log p(token) under ``model`` (no grad), computed micro-batch by micro-batch."""
+def _forward_logprobs(
+    model: nn.Module, batch: TokenBatch, micro: int, ctx: TrainModel | None = None, max_tokens: int | None = None
+) -> Tensor:
+    """(B, T) log p(token) under ``model`` (no grad). With ``ctx`` on several ranks, each rank runs
+    its shard of the rows and the ranks' outputs are summed (every row is computed by one rank)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for start in range(0, batch.batch_size, micro):
-        rows = torch.arange(start, min(start + micro, batch.batch_size))
-        mb = batch.select(rows)
+    for micro_batch in _rank_micro_batches(batch, ctx, micro, max_tokens):
+        mb = batch.select(micro_batch.rows)
         with ctx.forward_context() if ctx is not None else contextlib.nullcontext():
             # (b, t) log p(token t | < t) wherever a token is sampled or trained on (0 elsewhere)
             logp, _ = token_logprobs(
                 model, mb.input_ids, mb.attention_mask, positions=(mb.loss_mask + mb.response_mask) > 0
             )
-        out[rows, : mb.seq_len] = logp * mb.attention_mask
-    return out
+        if not micro_batch.padding:
+            out[micro_batch.rows, : mb.seq_len] = logp * mb.attention_mask
+    return all_reduce(out) if ctx is not None else out
 
 
 @torch.no_grad()
-def _forward_values(critic: TrainModel, batch: TokenBatch, micro: int) -> Tensor:
-    """(B, T) critic values V(state before token t) (no grad)."""
+def _forward_values(critic: TrainModel, batch: TokenBatch, micro: int, max_tokens: int | None = None) -> Tensor:
+    """(B, T) critic values V(state before token t) (no grad), sharded over the ranks like the log-probs."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for start in range(0, batch.batch_size, micro):
-        rows = torch.arange(start, min(start + micro, batch.batch_size))
-        mb = batch.select(rows)
+    for micro_batch in _rank_micro_batches(batch, critic, micro, max_tokens):
+        mb = batch.select(micro_batch.rows)
         with critic.forward_context():
-            out[rows, : mb.seq_len] = critic.module(mb.input_ids, mb.attention_mask).float() * mb.attention_mask
-    return out
+            values = critic.forward_module(mb.input_ids, mb.attention_mask).float()  # (b, t)
+        if not micro_batch.padding:
+            out[micro_batch.rows, : mb.seq_len] = values * mb.attention_mask
+    return all_reduce(out)
 
 
 def _denominator(loss_mask: Tensor, agg: str) -> float:
