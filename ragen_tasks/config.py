@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KlMode = Literal["none", "in_reward", "in_loss"]
 FilterMode = Literal["highest_std", "lowest_std", "nonzero_std"]
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a Kubernetes name (RFC 1123 label)
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"  # a Kubernetes resource quantity: 8, 500m, 64Gi
 
 
 class ConfigError(ValueError):
@@ -192,6 +195,79 @@ class UpdateConfig(_Frozen):
         description="nodes (pods) of one update: > 1 runs the ranks as a Kubernetes Indexed Job with torchrun's "
         "c10d rendezvous (see k8s/README.md)",
     )
+    # The fields below place a multi-node update (nnodes > 1) on the cluster; a single-node update ignores them.
+    gpus_per_node: int = Field(
+        0,
+        ge=0,
+        description="nnodes > 1: GPUs each update pod requests (nvidia.com/gpu) and its ranks (--nproc-per-node); "
+        "0 = update.world_size",
+    )
+    job_timeout_s: float = Field(
+        7200.0,
+        gt=0,
+        description="nnodes > 1: seconds the stage waits for the Indexed Job (scheduling included) before deleting it "
+        "and failing; also the Job's activeDeadlineSeconds",
+    )
+    rendezvous_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="nnodes > 1: seconds torchrun's c10d rendezvous waits for every pod to join (GPU nodes can take "
+        "minutes to scale up)",
+    )
+    namespace: str = Field(
+        "ragen", pattern=_DNS_LABEL, description="nnodes > 1: namespace of the Indexed Job and its headless Service"
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="nnodes > 1: image of the update pods; None = $RAGEN_UPDATE_IMAGE, which the GPU work-pool "
+        "template sets to its own image (the GPU training image)",
+    )
+    cpu_per_node: str = Field("8", pattern=_QUANTITY, description="nnodes > 1: CPU request of each update pod")
+    memory_per_node: str = Field(
+        "64Gi",
+        pattern=_QUANTITY,
+        description="nnodes > 1: memory request and limit of each update pod (the /dev/shm volume counts against it)",
+    )
+    shm_size: str = Field(
+        "16Gi",
+        pattern=_QUANTITY,
+        description="nnodes > 1: size of the memory-backed /dev/shm of each update pod (NCCL)",
+    )
+    scratch_pvc: str = Field(
+        "ragen-update-scratch",
+        pattern=_DNS_SUBDOMAIN,
+        description="nnodes > 1: ReadWriteMany PersistentVolumeClaim mounted at /scratch ($RAGEN_SCRATCH) in every "
+        "update pod: every rank writes its checkpoint parts into one folder there",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.present": "true"},
+        description="nnodes > 1: nodeSelector of the update pods (the GPU work-pool template's default)",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="nnodes > 1: tolerations of the update pods (the GPU work-pool template's default)",
+    )
+
+    @property
+    def ranks_per_node(self) -> int:
+        """``--nproc-per-node`` of a multi-node update (0 when neither world_size nor gpus_per_node is set)."""
+        return self.world_size or self.gpus_per_node
+
+    @model_validator(mode="after")
+    def _placement(self) -> UpdateConfig:
+        if self.nnodes > 1 and self.ranks_per_node == 0:
+            raise ValueError(
+                f"update.nnodes={self.nnodes} needs the GPUs of each pod: set update.gpus_per_node (or "
+                "update.world_size) to a whole number > 0 (0 = one rank per visible GPU works on one node only)"
+            )
+        if self.nnodes > 1 and self.world_size and self.gpus_per_node and self.world_size != self.gpus_per_node:
+            raise ValueError(
+                f"update.world_size={self.world_size} and update.gpus_per_node={self.gpus_per_node} disagree: "
+                f"each rank needs one GPU of its pod; set update.world_size to 0 (one rank per GPU) or to "
+                f"{self.gpus_per_node}"
+            )
+        return self
 
 
 class FreshnessConfig(_Frozen):

@@ -144,6 +144,14 @@ def test_gpu_image_has_deepspeed_pinned() -> None:
     assert '"deepspeed==${DEEPSPEED_VERSION}"' in text
 
 
+def test_gpu_image_has_the_locked_kubernetes_client() -> None:
+    """The launcher of a multi-node update (ragen_tasks.training.k8s_launch) runs in this image."""
+    text = (ROOT / "docker" / "Dockerfile.gpu").read_text()
+    pinned = re.search(r"^ARG KUBERNETES_VERSION=(\S+)$", text, re.M)
+    assert pinned and '"kubernetes==${KUBERNETES_VERSION}"' in text
+    assert f"\nkubernetes=={pinned.group(1)}\n" in (ROOT / "requirements.lock").read_text()
+
+
 def test_vllm_entrypoint_is_valid_shell() -> None:
     script = ROOT / "docker" / "vllm-entrypoint.sh"
     assert script.stat().st_mode & 0o111, "entrypoint must be executable"
