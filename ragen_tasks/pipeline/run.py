@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ragen_tasks.config import ConfigError, TrainConfig, with_overrides
+from ragen_tasks.config import ConfigError, TrainConfig, UpdateConfig, with_overrides
 from ragen_tasks.data.keys import check_run_id, checkpoint_key
 from ragen_tasks.data.store import Store
 from ragen_tasks.training import checkpoint as ckpt
@@ -18,8 +18,9 @@ from ragen_tasks.training import checkpoint as ckpt
 PRODUCER = "ragen_tasks.pipeline"  # the producer named in the manifests the stages commit
 
 #: What a resumed run may change, explicitly (``ragen train --resume-set KEY=VALUE``), recorded in the
-#: run: optimizer settings that change how the next updates step, not what a checkpoint holds. The
-#: way to continue a run that diverged with a lower learning rate.
+#: run: optimizer settings that change how the next updates step, not what a checkpoint holds (the
+#: way to continue a run that diverged with a lower learning rate), and where the update runs (its
+#: ranks and pods: a checkpoint written by N ranks resumes on M, see ``checkpoint.load_optimizers``).
 RESUMABLE_KEYS = (
     "optim.lr",
     "optim.critic_lr",
@@ -27,6 +28,7 @@ RESUMABLE_KEYS = (
     "optim.weight_decay",
     "optim.max_consecutive_skips",
     "optim.max_weight_abs",
+    *(f"update.{name}" for name in UpdateConfig.model_fields),
 )
 _CHANGE = "config-change-{:03d}"  # iter_000000/summary/<name>: the recorded --resume-set changes, in order
 

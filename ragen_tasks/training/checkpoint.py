@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 
 from ragen_tasks.training.distributed import SINGLE, Ranks, all_gather, broadcast
 
@@ -246,12 +246,27 @@ def _write_main_files(
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     for name, module in (models or {}).items():
-        save_model(module, str(tmp / f"{name}.safetensors"))
+        _save_module(module, tmp / f"{name}.safetensors")
     torch.save(rng_state(), tmp / "rng.pt")
     torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
     if metadata is not None:
         (tmp / METADATA).write_text(json.dumps(metadata, sort_keys=True))
     return [p for p in tmp.iterdir() if p.is_file() and not p.name.startswith("optim_")]
+
+
+def _save_module(module: torch.nn.Module, path: Path) -> None:
+    """``module``'s weights as safetensors, loadable by ``safetensors.torch.load_model``. Each tensor
+    is copied out: ZeRO-1/2 turn a module's parameters into views of one flat buffer, which
+    ``save_model`` refuses as shared storage; tied parameters (one tensor, two names) keep one name."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    state = {}
+    for key, tensor in module.state_dict().items():
+        identity = (tensor.data_ptr(), tuple(tensor.shape))
+        if identity in seen:
+            continue
+        seen.add(identity)
+        state[key] = tensor.detach().to("cpu", copy=True).contiguous()
+    save_file(state, str(path), metadata={"format": "pt"})
 
 
 def _commit(

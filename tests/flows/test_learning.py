@@ -32,12 +32,34 @@ def trained(tmp_path_factory: pytest.TempPathFactory, prefect_api: None) -> dict
     return train(preset="bandit-tiny", overrides=LEARNING, run_id="ci-bandit", store_root=str(root))
 
 
-def test_bandit_learns_beyond_chance(trained: dict[str, Any]) -> None:
-    before = trained["eval_before_rl"]["bandit"]["success"]
-    after = trained["eval_after_rl"]["bandit"]["success"]
-    assert 0.25 <= trained["warm_start"]["bandit_high_ev_choice_rate"] <= 0.75, "warm start must be arm-neutral"
+@pytest.fixture(scope="module")
+def trained_two_ranks(tmp_path_factory: pytest.TempPathFactory, prefect_api: None) -> dict[str, Any]:
+    """The same run with every update on 2 data-parallel ranks (torchrun launched by the update stage)."""
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("learning-ranks") / "runs"
+    overrides = {**LEARNING, "update.world_size": 2}
+    return train(preset="bandit-tiny", overrides=overrides, run_id="ci-bandit-2", store_root=str(root))
+
+
+@pytest.mark.parametrize("run", ["trained", "trained_two_ranks"])
+def test_bandit_learns_beyond_chance(run: str, request: pytest.FixtureRequest) -> None:
+    result = request.getfixturevalue(run)
+    before = result["eval_before_rl"]["bandit"]["success"]
+    after = result["eval_after_rl"]["bandit"]["success"]
+    assert 0.25 <= result["warm_start"]["bandit_high_ev_choice_rate"] <= 0.75, "warm start must be arm-neutral"
     assert after >= 0.8, f"held-out success after RL {after:.3f} (before RL {before:.3f})"
     assert after > before + 0.15
+
+
+def test_two_ranks_update_like_one(trained: dict[str, Any], trained_two_ranks: dict[str, Any]) -> None:
+    """Iteration 0 samples the same batch in both runs (same warm start, same seeds), so its update on
+    2 ranks must report what the 1-rank update did."""
+    from ragen_tasks import pipeline
+
+    one, two = (pipeline.history(pipeline.open_existing_run(r["store"]))[0] for r in (trained, trained_two_ranks))
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "perf/tokens"):
+        assert two[key] == pytest.approx(one[key], rel=1e-3, abs=1e-6), key
 
 
 def _baseline(tmp_path: Path, checkpoint: str) -> Path:

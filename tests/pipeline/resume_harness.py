@@ -2,6 +2,7 @@
 on a tiny GAE run, with a crash injected on request. For the resume tests; run it as a script::
 
     python tests/pipeline/resume_harness.py --store DIR --run-id ID --iterations N [--kill-after K] [--kill-in-save K:write|commit]
+        [--set KEY=VALUE ...] [--resume-set KEY=VALUE ...]
 
 The process SIGKILLs itself: ``--kill-after K`` right after checkpoint step K commits (inside
 iteration K-1's update, before the update's metrics are committed); ``--kill-in-save K:write``
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, required=True)
     parser.add_argument("--kill-after", type=int, default=None)
     parser.add_argument("--kill-in-save", default=None, help="STEP:write or STEP:commit")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE over RESUME_RUN (YAML value)")
+    parser.add_argument("--resume-set", action="append", default=[], help="KEY=VALUE recorded on resume")
     args = parser.parse_args()
     kill_in_save = args.kill_in_save.split(":") if args.kill_in_save else None
     real_save = ckpt.save_checkpoint
@@ -78,13 +81,19 @@ def main() -> None:
 
     ckpt.save_checkpoint = save_checkpoint  # the pipeline saves through the checkpoint module
 
+    import yaml
+
     from flows.train import train
+
+    def pairs(items: list[str]) -> dict[str, Any]:
+        return {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in items)}
 
     train(
         preset="bandit-tiny",
-        overrides={**RESUME_RUN, "iterations": args.iterations},
+        overrides={**RESUME_RUN, **pairs(args.set), "iterations": args.iterations},
         run_id=args.run_id,
         store_root=str(args.store),
+        resume_set=pairs(args.resume_set) or None,
     )
 
 
