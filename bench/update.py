@@ -1,12 +1,18 @@
 """Update-stage throughput on this CPU: tokens/s and achieved FLOP/s vs the measured torch.mm peak.
 
-FLOP/s = 6 x params x tokens / update time (forward + backward of the training pass). The no-grad
-old-log-prob pass (another 2 x params x tokens) is NOT counted, so the fraction is conservative:
-a perfectly efficient update would show 75% of the matmul peak.
+FLOP/s = 6 x params x tokens / update time (forward + backward of the training pass), tokens = real
+(unpadded) tokens. The no-grad old-log-prob pass (another 2 x params x tokens) is NOT counted in that
+column, so it is conservative: a perfectly efficient update would show 75% of the matmul peak; the
+``8NT`` column counts it (all the model work the update stage does).
+
+Batches: ``uniform`` (32 trajectories of one length, the earlier runs' batch) and ``spread`` (32
+multi-turn episodes of 1-5 turns with varied responses: lengths as real episodes spread). Micro-
+batching: ``rows N`` = at most N trajectories per forward/backward (sorted by length first);
+``tokens N`` = packed by a token budget of N padded tokens (``optim.micro_batch_tokens``).
 
 The machine is shared and noisy, so every configuration and the fp32 ``torch.mm`` peak (1024^3)
 are measured in interleaved rounds and the best of each is kept; ratios come from one run.
-Run: .venv/bin/python bench/update.py [--threads 2] [--rounds 3]
+Run: .venv/bin/python bench/update.py [--threads 2] [--rounds 3] [--models tiny,small]
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from transformers import Qwen2ForCausalLM
 
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.synthetic import synthetic_trajectories
-from ragen_tasks.data.token_batch import collate
+from ragen_tasks.data.token_batch import TokenBatch, collate
 from ragen_tasks.models.presets import PRESETS, qwen2_model
 from ragen_tasks.training.backend import make_optimizer, make_train_model
 from ragen_tasks.training.update import ppo_update
@@ -41,9 +47,29 @@ def preset_model(name: str) -> Qwen2ForCausalLM:
     return qwen2_model(replace(PRESETS[name], max_position_embeddings=1024), vocab_size=PRESETS[name].vocab_size)
 
 
-def setup(name: str, amp: str, micro: int) -> dict[str, Any]:
+def spread_batch() -> TokenBatch:
+    """32 episodes whose lengths spread like real multi-turn ones: 8 groups of 4, 1-5 turns, responses
+    of 16-64 tokens, a 120-token prompt, 30-token observations (about 170 to 590 tokens)."""
+    rows = []
+    for g, (turns, resp) in enumerate([(1, 16), (1, 48), (2, 32), (2, 64), (3, 24), (3, 48), (4, 40), (5, 64)]):
+        rows += synthetic_trajectories(1, 4, seed=g, vocab=1000, turns=turns, prompt_len=120, resp_len=resp, obs_len=30)
+    return collate(rows)
+
+
+def uniform_batch() -> TokenBatch:
+    """32 trajectories x 280 tokens (4 turns of 40 + 24 after a 48-token prompt)."""
+    return collate(
+        synthetic_trajectories(n_groups=8, group_size=4, vocab=1000, turns=4, prompt_len=48, resp_len=40, obs_len=24)
+    )
+
+
+def setup(name: str, amp: str, micro: str) -> dict[str, Any]:
     actor_m = preset_model(name)
-    optim = OptimConfig.model_validate({"lr": 1e-5, "minibatch_size": 32, "micro_batch_size": micro, "amp_dtype": amp})
+    kind, _, size = micro.partition(" ")
+    rows, budget = (int(size), None) if kind == "rows" else (32, int(size))
+    optim = OptimConfig.model_validate(
+        {"lr": 1e-5, "minibatch_size": 32, "micro_batch_size": rows, "micro_batch_tokens": budget, "amp_dtype": amp}
+    )
     actor = make_train_model(actor_m, make_optimizer(actor_m, lr=optim.lr, weight_decay=0.0), optim)
     return {
         "actor": actor,
@@ -58,37 +84,49 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--models", default="tiny,small")
+    p.add_argument("--micro", default="rows 32,rows 8,tokens 4096", help="comma-separated 'rows N' / 'tokens N'")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0)
-    batch = collate(
-        synthetic_trajectories(n_groups=8, group_size=4, vocab=1000, turns=4, prompt_len=48, resp_len=40, obs_len=24)
-    )  # 32 trajectories x 280 tokens
-    configs = {(n, a, m): setup(n, a, m) for n in ("tiny", "small") for a in ("float32", "bfloat16") for m in (8, 32)}
+    batches = {"uniform": uniform_batch(), "spread": spread_batch()}
+    configs = {
+        (n, a, m): setup(n, a, m)
+        for n in args.models.split(",")
+        for a in ("float32", "bfloat16")
+        for m in args.micro.split(",")
+    }
+    best: dict[tuple[str, ...], dict[str, float]] = {}
     peak32 = peak16 = 0.0
     for c in configs.values():  # warm-up
-        ppo_update(batch, actor=c["actor"], algo=algo, optim=c["optim"], generator=c["gen"])
+        ppo_update(batches["spread"], actor=c["actor"], algo=algo, optim=c["optim"], generator=c["gen"])
     for _ in range(args.rounds):
         peak32 = max(peak32, mm_gflops(torch.float32))
         peak16 = max(peak16, mm_gflops(torch.bfloat16))
-        for c in configs.values():
-            m = ppo_update(batch, actor=c["actor"], algo=algo, optim=c["optim"], generator=c["gen"])
-            if c["best"] is None or m["timing/update_s"] < c["best"]["timing/update_s"]:
-                c["best"] = m
+        for key, c in configs.items():
+            for bname, batch in batches.items():
+                m = ppo_update(batch, actor=c["actor"], algo=algo, optim=c["optim"], generator=c["gen"])
+                if (bname, *key) not in best or m["timing/update_s"] < best[(bname, *key)]["timing/update_s"]:
+                    best[(bname, *key)] = m
+    lengths = batches["spread"].lengths.float()
     print(
         f"torch.mm best-of-{args.rounds} peak ({args.threads} threads): fp32 {peak32:.0f} GFLOP/s, "
-        f"bf16 {peak16:.0f} GFLOP/s; batch {batch.batch_size} x {batch.seq_len} tokens, minibatch 32"
+        f"bf16 {peak16:.0f} GFLOP/s. Batches: uniform 32 x {batches['uniform'].seq_len} tokens; spread 32 rows "
+        f"of {lengths.min():.0f}-{lengths.max():.0f} tokens (mean {lengths.mean():.0f}); one minibatch of 32"
     )
-    print("| model | params | compute | micro | update s | tokens/s | GFLOP/s (6NT) | % fp32 mm peak | bf16 speed-up |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (name, amp, micro), c in configs.items():
-        b = c["best"]
-        gflops = 6 * c["params"] * b["perf/tokens"] / b["timing/update_s"] / 1e9
-        base = configs[(name, "float32", micro)]["best"]["timing/update_s"]
+    print(
+        "| batch | model | params | compute | micro-batches | update s | tokens/s | GFLOP/s (6NT) "
+        "| % fp32 mm peak (6NT) | % (8NT) | vs rows 32 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (bname, name, amp, micro), b in best.items():
+        params = configs[(name, amp, micro)]["params"]
+        gflops = 6 * params * b["perf/tokens"] / b["timing/update_s"] / 1e9
+        base = best[(bname, name, amp, "rows 32")]["timing/update_s"] if (bname, name, amp, "rows 32") in best else 0
         print(
-            f"| {name} | {c['params'] / 1e6:.2f}M | {amp} | {micro} | {b['timing/update_s']:.2f} | "
+            f"| {bname} | {name} | {params / 1e6:.2f}M | {amp} | {micro} | {b['timing/update_s']:.2f} | "
             f"{b['perf/tokens_per_s']:.0f} | {gflops:.1f} | {100 * gflops / peak32:.0f}% | "
-            f"{base / b['timing/update_s']:.2f}x |",
+            f"{100 * gflops * 8 / 6 / peak32:.0f}% | {base / b['timing/update_s']:.2f}x |",
             flush=True,
         )
 
