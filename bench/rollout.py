@@ -5,7 +5,9 @@ temperature 1, no stop strings, eos ends a row) and of ``model.generate`` (do_sa
 the ratio, both as the ratio of the best runs and as the median of the per-repeat ratios. Also
 HFEngine in bfloat16 vs float32, the multi-turn loop's share of time outside ``engine.generate``, and
 a 4-turn run with KV reuse on vs off. Both sides count only real generated tokens (a row ends at
-eos; pads after it are not counted).
+eos; pads after it are not counted). First, the cost of the engine's per-session random numbers
+(``rollout/seeding.py``: per call, one key per session; per decode step, one SplitMix64 number per row)
+next to one shared ``torch.rand`` per step, the method they replaced (``--rng-only``: just that).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--threads T] [--device cuda]
 """
@@ -21,6 +23,7 @@ import torch
 from ragen_tasks.models import load_policy
 from ragen_tasks.rollout.engine import GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
+from ragen_tasks.rollout.seeding import session_keys, uniforms
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -121,6 +124,28 @@ def loop_share(model, tok, env: str, episodes: int) -> tuple[float, float, int]:
     return total, 1 - engine.seconds / total, turns
 
 
+def rng_cost(batch: int, device: str, repeats: int = 2000) -> tuple[float, float, float]:
+    """Microseconds: (one shared torch.rand (B, 1) per step, per-session uniforms (B,) per step incl. the
+    copy to ``device``, the B session keys of one call)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = [f"it000000-g{i // 8:04d}-r{i % 8:03d}" for i in range(batch)]
+    keys = session_keys(0, ids)
+    timings = []
+    for fn in (
+        lambda step: torch.rand((batch, 1), generator=gen, device=device),
+        lambda step: torch.from_numpy(uniforms(keys, step)).to(device)[:, None],
+        lambda step: session_keys(step, ids),
+    ):
+        fn(0)
+        _sync()
+        t0 = time.perf_counter()
+        for step in range(repeats):
+            fn(step)
+        _sync()
+        timings.append((time.perf_counter() - t0) / repeats * 1e6)
+    return timings[0], timings[1], timings[2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -132,9 +157,17 @@ def main() -> None:
         help="torch threads (default: torch's own, all cores, as a training run uses; 1 when other work shares the box)",
     )  # fmt: skip
     ap.add_argument("--device", default="cpu", help="cpu or cuda (GPU runs: bench/gpu.sh)")
+    ap.add_argument("--rng-only", action="store_true", help="only the random-number cost table")
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    print("| batch | torch.rand per step (us) | per-session uniforms per step (us) | session keys per call (us) |")
+    print("|---|---|---|---|")
+    for batch in args.batches:
+        shared, per_session, keys = rng_cost(batch, args.device)
+        print(f"| {batch} | {shared:.1f} | {per_session:.1f} | {keys:.1f} |", flush=True)
+    if args.rng_only:
+        return
     print(
         f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)"
     )

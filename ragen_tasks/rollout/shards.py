@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -69,9 +70,13 @@ def shard_label(index: int, count: int, options: Mapping[str, Any]) -> str:
 
 def _set_threads(threads: int) -> None:
     """Initializer of a spawned shard process: its share of the host's cores (N processes with all
-    cores each would oversubscribe the CPU). It runs before the shard's work imports torch, which
-    takes its thread count from these variables."""
+    cores each oversubscribe the CPU, and idle OpenMP threads spin). torch reads these variables
+    when it is imported; if the parent's ``__main__`` module, which spawn re-imports first, already
+    imported torch, its thread count is set directly."""
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
 
 
 def run_sharded(
