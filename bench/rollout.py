@@ -6,8 +6,9 @@ the ratio, both as the ratio of the best runs and as the median of the per-repea
 HFEngine in bfloat16 vs float32, the multi-turn loop's share of time outside ``engine.generate``, and
 a 4-turn run with KV reuse on vs off. Both sides count only real generated tokens (a row ends at
 eos; pads after it are not counted). First, the cost of the engine's per-session random numbers
-(``rollout/seeding.py``: per call, one key per session; per decode step, one SplitMix64 number per row)
-next to one shared ``torch.rand`` per step, the method they replaced (``--rng-only``: just that).
+(``rollout/seeding.py``: per call, one key per session and a (B, new_tokens) table of SplitMix64
+numbers) next to one shared ``torch.rand`` per decode step, the method they replaced, summed over
+the steps of one call (``--rng-only``: just that).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--threads T] [--device cuda]
 """
@@ -124,26 +125,31 @@ def loop_share(model, tok, env: str, episodes: int) -> tuple[float, float, int]:
     return total, 1 - engine.seconds / total, turns
 
 
-def rng_cost(batch: int, device: str, repeats: int = 2000) -> tuple[float, float, float]:
-    """Microseconds: (one shared torch.rand (B, 1) per step, per-session uniforms (B,) per step incl. the
-    copy to ``device``, the B session keys of one call)."""
+def rng_cost(batch: int, steps: int, device: str, repeats: int = 200) -> tuple[float, float]:
+    """Microseconds per generate call of ``steps`` decode steps: (one shared torch.rand (B, 1) per step,
+    the per-session way: B session keys + the (B, steps) table copied to ``device`` + a column per step)."""
     gen = torch.Generator(device=device).manual_seed(0)
     ids = [f"it000000-g{i // 8:04d}-r{i % 8:03d}" for i in range(batch)]
-    keys = session_keys(0, ids)
+
+    def shared(seed: int) -> None:
+        for _ in range(steps):
+            torch.rand((batch, 1), generator=gen, device=device)
+
+    def per_session(seed: int) -> None:
+        draws = torch.from_numpy(uniforms(session_keys(seed, ids), steps)).to(device)
+        for step in range(steps):
+            draws[:, step]
+
     timings = []
-    for fn in (
-        lambda step: torch.rand((batch, 1), generator=gen, device=device),
-        lambda step: torch.from_numpy(uniforms(keys, step)).to(device)[:, None],
-        lambda step: session_keys(step, ids),
-    ):
+    for fn in (shared, per_session):
         fn(0)
         _sync()
         t0 = time.perf_counter()
-        for step in range(repeats):
-            fn(step)
+        for seed in range(repeats):
+            fn(seed)
         _sync()
         timings.append((time.perf_counter() - t0) / repeats * 1e6)
-    return timings[0], timings[1], timings[2]
+    return timings[0], timings[1]
 
 
 def main() -> None:
@@ -161,11 +167,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print("| batch | torch.rand per step (us) | per-session uniforms per step (us) | session keys per call (us) |")
-    print("|---|---|---|---|")
+    print(
+        f"| batch | torch.rand per step, one call of {args.new_tokens} steps (us) | per-session table + columns (us) |"
+    )
+    print("|---|---|---|")
     for batch in args.batches:
-        shared, per_session, keys = rng_cost(batch, args.device)
-        print(f"| {batch} | {shared:.1f} | {per_session:.1f} | {keys:.1f} |", flush=True)
+        shared, per_session = rng_cost(batch, args.new_tokens, args.device)
+        print(f"| {batch} | {shared:.0f} | {per_session:.0f} |", flush=True)
     if args.rng_only:
         return
     print(

@@ -46,8 +46,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
@@ -162,7 +160,11 @@ class HFEngine:
             return []
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         device = self.model.device
-        keys = session_keys(seed, [r.session_id for r in requests])  # (B,) one random stream per session
+        # (B, max_new_tokens) row b's uniform number for each decode step, from its session's own stream
+        draws: torch.Tensor | None = None
+        if params.temperature > 0:
+            keys = session_keys(seed, [r.session_id for r in requests])
+            draws = torch.from_numpy(uniforms(keys, params.max_new_tokens)).to(device)
         with torch.inference_mode():
             rows = self._prefill_rows(requests)
             # Qwen2 models run through our functional forward (weights fused afresh: they may have been
@@ -176,7 +178,7 @@ class HFEngine:
             live = len(lines)
             may_end = self._ending_tokens(params.stop_strings)  # None: any token may complete a stop string
             for step in range(params.max_new_tokens):
-                tok, lp = self._sample(logits, params, keys, step)  # (B,), (B,)
+                tok, lp = self._sample(logits, params, None if draws is None else draws[:, step])  # (B,), (B,)
                 tok_list, lp_list = tok.tolist(), lp.tolist()
                 last_step = step == params.max_new_tokens - 1
                 for b, (row, t, logprob) in enumerate(zip(lines, tok_list, lp_list, strict=True)):
@@ -197,7 +199,7 @@ class HFEngine:
                     idx = torch.tensor(keep, device=device)
                     cache = self._select(cache, idx)
                     pos, tok = pos[idx], tok[idx]
-                    keys = keys[keep]  # a row keeps its own stream wherever it sits in the batch
+                    draws = draws[idx] if draws is not None else None  # a row keeps its own numbers
                     mask = mask[idx] if mask is not None else None
                     lines = [lines[b] for b in keep]
                 # one decode step for the live rows: the new token attends to every valid column (the
@@ -348,12 +350,12 @@ class HFEngine:
         return logits
 
     def _sample(
-        self, logits: torch.Tensor, params: SamplingParams, keys: npt.NDArray[np.uint64], step: int
+        self, logits: torch.Tensor, params: SamplingParams, u01: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token per row and its log-prob at temperature 1. logits: (B, V) float32; keys: (B,) the
-        rows' session stream keys; step: the decode step (row b's uniform is ``uniforms(keys, step)[b]``)."""
+        """Next token per row and its log-prob at temperature 1. logits: (B, V) float32; u01: (B,) float32
+        in [0, 1), the uniform number that picks row b's token (None when greedy)."""
         probs = torch.softmax(logits, dim=-1)  # (B, V) the policy's own distribution (temperature 1)
-        if params.temperature == 0:
+        if params.temperature == 0 or u01 is None:
             tok = logits.argmax(dim=-1)
         else:
             if params.temperature == 1 and params.top_k == 0 and params.top_p == 1:
@@ -363,8 +365,7 @@ class HFEngine:
             # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
             # u is scaled by the row total, so it never falls past the last non-zero probability.
             cdf = probs_t.cumsum(dim=-1)  # (B, V)
-            u01 = torch.from_numpy(uniforms(keys, step)).to(cdf.device)[:, None]  # (B, 1) in [0, 1)
-            u = u01 * cdf[:, -1:]  # (B, 1)
+            u = u01[:, None] * cdf[:, -1:]  # (B, 1)
             tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)  # (B,)
         # log of the chosen probability: equal to log_softmax's value to float rounding (~1e-7) while the
         # probability is a normal float; below that (log-prob < -87, in practice never sampled) the rows

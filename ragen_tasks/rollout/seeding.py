@@ -10,10 +10,12 @@ randomness on the session id instead makes an episode's samples the same in any 
   OpenAI/vLLM engines send it as the request's ``seed``; the HF engine uses it as a stream key).
   blake2b of the text ``"{seed}:{session_id}"``: stable across processes and machines (never
   ``hash()``, which is salted per process).
-* ``uniforms(keys, step)``: one uniform number in ``[0, 1)`` per key for decode step ``step``:
-  SplitMix64 (Steele, Lea & Flood 2014) in counter mode, i.e. output ``step + 1`` of the SplitMix64
-  stream seeded with ``key``. Vectorised over the batch in numpy; 24 random bits per number, the
-  same grid as ``torch.rand``'s float32 (``k / 2**24``), so the sampling law is unchanged.
+* ``uniforms(keys, steps)``: ``(B, steps)`` uniform numbers in ``[0, 1)``, entry ``[b, t]`` for key
+  ``b`` at decode step ``t``: SplitMix64 (Steele, Lea & Flood 2014) in counter mode, i.e. output
+  ``t + 1`` of the SplitMix64 stream seeded with the key. One vectorised numpy computation per
+  generate call (the engine indexes a column per step: cheaper than a ``torch.rand`` per step);
+  24 random bits per number, the same grid as ``torch.rand``'s float32 (``k / 2**24``), so the
+  sampling law is unchanged.
 """
 
 from __future__ import annotations
@@ -42,17 +44,17 @@ def session_keys(seed: int, session_ids: list[str]) -> npt.NDArray[np.uint64]:
     return np.array([session_seed(seed, sid) for sid in session_ids], dtype=np.uint64)
 
 
-def uniforms(keys: npt.NDArray[np.uint64], step: int) -> npt.NDArray[np.float32]:
-    """(B,) float32 in ``[0, 1)``: the ``step``-th uniform of each key's stream (step >= 0).
+def uniforms(keys: npt.NDArray[np.uint64], steps: int) -> npt.NDArray[np.float32]:
+    """(B, steps) float32 in ``[0, 1)``: entry ``[b, t]`` is the ``t``-th uniform of key ``b``'s stream.
 
-    Each entry depends only on its own key and ``step``, never on the other keys in the batch.
-    uint64 array arithmetic wraps modulo 2**64, which is what SplitMix64 needs.
+    Each row depends only on its own key, never on the other keys in the batch; column ``t`` does
+    not depend on ``steps``. uint64 array arithmetic wraps modulo 2**64, which SplitMix64 needs.
     """
-    if step < 0:
-        raise ValueError(f"step={step} must be >= 0")
-    # (B,) the stream's state after step + 1 increments (the offset mod 2**64 in Python ints: numpy
-    # scalars warn on overflow, arrays wrap silently)
-    z = keys + np.uint64(((step + 1) * _GOLDEN) & _MASK64)
+    if steps < 0:
+        raise ValueError(f"steps={steps} must be >= 0")
+    # (steps,) offsets (t + 1) * golden mod 2**64, in Python ints (numpy scalars warn on overflow)
+    offsets = np.array([((t + 1) * _GOLDEN) & _MASK64 for t in range(steps)], dtype=np.uint64)
+    z = keys[:, None] + offsets[None, :]  # (B, steps) the stream's state after t + 1 increments
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     z = z ^ (z >> np.uint64(31))
