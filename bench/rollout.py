@@ -5,7 +5,10 @@ temperature 1, no stop strings, eos ends a row) and of ``model.generate`` (do_sa
 the ratio, both as the ratio of the best runs and as the median of the per-repeat ratios. Also
 HFEngine in bfloat16 vs float32, the multi-turn loop's share of time outside ``engine.generate``, and
 a 4-turn run with KV reuse on vs off. Both sides count only real generated tokens (a row ends at
-eos; pads after it are not counted).
+eos; pads after it are not counted). First, the cost of the engine's per-session random numbers
+(``rollout/seeding.py``: per call, one key per session and a (B, new_tokens) table of SplitMix64
+numbers) next to one shared ``torch.rand`` per decode step, the method they replaced, summed over
+the steps of one call (``--rng-only``: just that).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout.py [--presets tiny small] [--batches 32 128] [--threads T] [--device cuda]
 """
@@ -21,6 +24,7 @@ import torch
 from ragen_tasks.models import load_policy
 from ragen_tasks.rollout.engine import GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
+from ragen_tasks.rollout.seeding import session_keys, uniforms
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -121,6 +125,33 @@ def loop_share(model, tok, env: str, episodes: int) -> tuple[float, float, int]:
     return total, 1 - engine.seconds / total, turns
 
 
+def rng_cost(batch: int, steps: int, device: str, repeats: int = 200) -> tuple[float, float]:
+    """Microseconds per generate call of ``steps`` decode steps: (one shared torch.rand (B, 1) per step,
+    the per-session way: B session keys + the (B, steps) table copied to ``device`` + a column per step)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = [f"it000000-g{i // 8:04d}-r{i % 8:03d}" for i in range(batch)]
+
+    def shared(seed: int) -> None:
+        for _ in range(steps):
+            torch.rand((batch, 1), generator=gen, device=device)
+
+    def per_session(seed: int) -> None:
+        draws = torch.from_numpy(uniforms(session_keys(seed, ids), steps)).to(device)
+        for step in range(steps):
+            draws[:, step]
+
+    timings = []
+    for fn in (shared, per_session):
+        fn(0)
+        _sync()
+        t0 = time.perf_counter()
+        for seed in range(repeats):
+            fn(seed)
+        _sync()
+        timings.append((time.perf_counter() - t0) / repeats * 1e6)
+    return timings[0], timings[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -132,9 +163,19 @@ def main() -> None:
         help="torch threads (default: torch's own, all cores, as a training run uses; 1 when other work shares the box)",
     )  # fmt: skip
     ap.add_argument("--device", default="cpu", help="cpu or cuda (GPU runs: bench/gpu.sh)")
+    ap.add_argument("--rng-only", action="store_true", help="only the random-number cost table")
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    print(
+        f"| batch | torch.rand per step, one call of {args.new_tokens} steps (us) | per-session table + columns (us) |"
+    )
+    print("|---|---|---|")
+    for batch in args.batches:
+        shared, per_session = rng_cost(batch, args.new_tokens, args.device)
+        print(f"| {batch} | {shared:.0f} | {per_session:.0f} |", flush=True)
+    if args.rng_only:
+        return
     print(
         f"device={args.device}  torch threads={torch.get_num_threads()}  new_tokens={args.new_tokens}  repeats={args.repeats} (best of)"
     )

@@ -77,13 +77,33 @@ class AgentConfig(_Frozen):
 
 
 class RolloutConfig(_Frozen):
+    """How trajectories are sampled: the engine, task diversity, sampling, and where rollouts run.
+
+    Sharding (one way per engine kind): a local engine (hf, vllm, a dotted path) splits each
+    batch over ``shards`` spawned processes; the ``openai`` engine splits it over the servers listed
+    in ``engine_options.base_urls``, one shard each. Whole groups stay on one shard and the merged
+    batch is in task order, equal to one engine's for the same seeds (``rollout/shards.py``)."""
+
     engine: str = Field("hf", description="hf, vllm, openai, or a dotted path 'module:Class'")
     groups: int = Field(8, ge=1, description="task diversity: initial states per iteration")
     group_size: int = Field(8, ge=1, description="rollouts per initial state (GRPO / filter group size)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     top_k: int = Field(0, ge=0, description="top-k sampling; 0 = off")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="engine-specific options (e.g. base_url)")
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the engine: hf {reuse_cache, fast}; vllm {gpu_memory_utilization, "
+        "max_model_len, ...}; openai {model: the name the server serves (required), base_url: one server, OR "
+        "base_urls: [url, ...] to split each batch over several servers (one shard per URL, run concurrently), "
+        "timeout_s, max_concurrency}",
+    )
+    shards: int = Field(
+        1,
+        ge=1,
+        description="split each rollout batch (whole groups together) over N local rollout processes (spawned), "
+        "each building its own engine from the checkpoint; the merged batch equals one process's for the same "
+        "seeds. 1 = in the stage's own process. The openai engine shards by engine_options.base_urls instead",
+    )
     mode: Literal["inprocess", "deployment", "async"] = Field(
         "inprocess",
         description="inprocess: every stage in the train flow; deployment: rollout and update run as "
@@ -115,6 +135,65 @@ class RolloutConfig(_Frozen):
         ge=1,
         description="mode=async: batches one worker commits per policy version before waiting for a newer checkpoint",
     )
+
+    @model_validator(mode="after")
+    def _sharding(self) -> RolloutConfig:
+        opts = self.engine_options
+        if "base_urls" in opts:
+            urls = opts["base_urls"]
+            if self.engine != "openai":
+                raise ValueError(
+                    f"rollout.engine_options.base_urls is for rollout.engine 'openai' (got {self.engine!r}); "
+                    "remove it, and use rollout.shards for local rollout processes"
+                )
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+                raise ValueError(
+                    f"rollout.engine_options.base_urls={urls!r} must be a non-empty list of server URLs, "
+                    "e.g. ['http://10.0.0.5:8000', 'http://10.0.0.6:8000']"
+                )
+            for i, url in enumerate(urls):
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(
+                        f"rollout.engine_options.base_urls[{i}]={url!r} must start with http:// or https:// "
+                        "(e.g. http://127.0.0.1:8000)"
+                    )
+            seen = [u.rstrip("/").removesuffix("/v1") for u in urls]
+            if len(set(seen)) != len(seen):
+                raise ValueError(
+                    f"rollout.engine_options.base_urls={urls!r} names one server twice; list each server once "
+                    "(one server already batches all the requests it gets)"
+                )
+            if "base_url" in opts:
+                raise ValueError(
+                    "rollout.engine_options has both base_url and base_urls; give base_url for one server or "
+                    "base_urls for several"
+                )
+        if self.engine == "openai":
+            if self.shards != 1:
+                raise ValueError(
+                    f"rollout.shards={self.shards} with rollout.engine 'openai': shard over servers with "
+                    "rollout.engine_options.base_urls=[url, ...] (one shard per server) and keep rollout.shards=1"
+                )
+            if "base_url" not in opts and "base_urls" not in opts:
+                raise ValueError(
+                    "rollout.engine 'openai' needs rollout.engine_options.base_url (one server) or base_urls "
+                    "(several), e.g. base_url: http://127.0.0.1:8000"
+                )
+            if not isinstance(opts.get("model"), str) or not opts["model"]:
+                raise ValueError(
+                    f"rollout.engine 'openai' needs rollout.engine_options.model (got {opts.get('model')!r}): the "
+                    "model name the server serves (vllm serve's --served-model-name, or its model path)"
+                )
+        return self
+
+    @property
+    def shard_engine_options(self) -> list[dict[str, Any]]:
+        """The engine options of each rollout shard: one per URL of ``engine_options.base_urls`` (each
+        with that ``base_url``), else ``shards`` copies of ``engine_options``."""
+        opts = {k: v for k, v in self.engine_options.items() if k != "base_urls"}
+        if "base_urls" in self.engine_options:
+            return [{**opts, "base_url": url} for url in self.engine_options["base_urls"]]
+        return [dict(opts) for _ in range(self.shards)]
 
 
 class AlgoConfig(_Frozen):

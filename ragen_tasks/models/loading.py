@@ -81,21 +81,28 @@ def load_policy(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}")
     source = _resolve(name_or_path, cache_dir)
+    tokenizer = _tokenizer(source, name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], attn_implementation="sdpa")
     except OSError as err:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-        hint = (
-            "HF_HUB_OFFLINE is set, so the model hub is not reachable: download the model elsewhere and give "
-            "its local folder"
-            if offline
-            else "check the hub id, your network, or give a local folder"
-        )
-        raise FileNotFoundError(
-            f"model {name_or_path!r} is neither a local folder nor a loadable hub id ({hint}); "
-            f"presets: {', '.join(sorted(PRESETS))}. Cause: {err}"
-        ) from err
+        raise _not_found(name_or_path, err) from err
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str, *, cache_dir: str | os.PathLike[str] | None = None) -> Any:
+    """The policy's tokenizer alone (left-padded, with a chat template), for engines that do not hold
+    the weights in this process (an OpenAI-compatible server, vLLM). Errors as ``load_policy``."""
+    return _tokenizer(_resolve(name_or_path, cache_dir), name_or_path)
+
+
+def _tokenizer(source: str, name_or_path: str) -> Any:
+    """The tokenizer in ``source`` (a folder or hub id that ``name_or_path`` resolved to)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as err:
+        raise _not_found(name_or_path, err) from err
     tokenizer = _keep_saved_pre_tokenizer(tokenizer, source)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
@@ -106,6 +113,18 @@ def load_policy(
         logger.info("tokenizer of %r has no pad token; using eos %r", name_or_path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model.to(device)
-    model.eval()
-    return model, tokenizer
+    return tokenizer
+
+
+def _not_found(name_or_path: str, err: OSError) -> FileNotFoundError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    hint = (
+        "HF_HUB_OFFLINE is set, so the model hub is not reachable: download the model elsewhere and give "
+        "its local folder"
+        if offline
+        else "check the hub id, your network, or give a local folder"
+    )
+    return FileNotFoundError(
+        f"model {name_or_path!r} is neither a local folder nor a loadable hub id ({hint}); "
+        f"presets: {', '.join(sorted(PRESETS))}. Cause: {err}"
+    )

@@ -1,19 +1,28 @@
 """A committed policy at work: rollouts with the policy in a checkpoint folder, and its held-out
-evaluation (deterministic given the seeds)."""
+evaluation (deterministic given the seeds).
+
+Rollouts may be sharded (``rollout.shards`` local processes, or one shard per server of the openai
+engine's ``engine_options.base_urls``): ``play_shard`` is what each shard runs, from plain data
+only (the config, the checkpoint path, its tasks), so a spawned process builds its own engine.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from ragen_tasks.config import EnvSpec, TrainConfig
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.evaluation import MAX_EVAL_SEEDS, aggregate
-from ragen_tasks.models.loading import load_policy
+from ragen_tasks.models.loading import load_policy, load_tokenizer
 from ragen_tasks.rollout.engine import SamplingParams
 from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, run_rollouts
 from ragen_tasks.rollout.registry import make_engine
+from ragen_tasks.rollout.shards import run_sharded
 from ragen_tasks.training import checkpoint as ckpt
 
 
@@ -37,18 +46,64 @@ def play_checkpoint(
     policy_version: int,
     weights_fingerprint: str,
 ) -> list[Trajectory]:
-    """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``)."""
-    model, tokenizer = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
-    engine = make_engine(config.rollout.engine, model=model, tokenizer=tokenizer, **config.rollout.engine_options)
-    return run_rollouts(
-        engine,
-        tokenizer,
-        tasks,
-        agent=config.agent,
+    """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``);
+    one trajectory per task, in task order, whether one engine or several shards play them."""
+    play = functools.partial(
+        play_shard,
+        config,
+        str(path),
         sampling=_sampling(config, temperature=temperature, seed=seed),
         policy_version=policy_version,
         weights_fingerprint=weights_fingerprint,
     )
+    options = config.rollout.shard_engine_options
+    if len(options) == 1:
+        return play(list(tasks), options[0])
+    # Servers (openai) are driven from threads of this process; local engines each get a process
+    # and an equal share of this process's torch threads.
+    local = config.rollout.engine != "openai"
+    threads = max(1, torch.get_num_threads() // len(options))
+    return run_sharded(tasks, options, play, processes=local, threads_per_process=threads)
+
+
+def play_shard(
+    config: TrainConfig,
+    path: str,
+    tasks: list[RolloutTask],
+    engine_options: dict[str, Any],
+    *,
+    sampling: SamplingParams,
+    policy_version: int,
+    weights_fingerprint: str,
+) -> list[Trajectory]:
+    """Roll out ``tasks`` on one engine built here from ``engine_options`` and the checkpoint folder
+    ``path``: hf (or a dotted path) loads the weights into this process; vllm loads the folder
+    itself; openai needs only the tokenizer (the server holds the weights)."""
+    name = config.rollout.engine
+    engine: Any
+    if name in ("openai", "vllm"):
+        tokenizer = load_tokenizer(path)
+        if name == "vllm":
+            engine = make_engine(name, model=path, **{"dtype": config.model.dtype, **engine_options})
+        else:
+            engine = make_engine(name, **engine_options)
+    else:
+        model, tokenizer = load_policy(path, dtype=config.model.dtype, device=config.model.device)
+        engine = make_engine(name, model=model, tokenizer=tokenizer, **engine_options)
+    try:
+        return run_rollouts(
+            engine,
+            tokenizer,
+            tasks,
+            agent=config.agent,
+            sampling=sampling,
+            policy_version=policy_version,
+            weights_fingerprint=weights_fingerprint,
+        )
+    finally:
+        close = getattr(engine, "close", None)  # the openai engine's HTTP client
+        if callable(close):
+            close()
 
 
 def evaluate_checkpoint(

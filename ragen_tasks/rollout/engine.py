@@ -25,7 +25,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     stop_strings: tuple[str, ...] = ("</answer>",)  # stop once the decoded response ends with one
-    seed: int | None = None  # makes a whole generate call reproducible
+    seed: int | None = None  # reproducible calls: a session samples from (seed, session_id) alone, see seeding.py
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,22 @@ KV reuse: after a row finishes, its KV (prompt + response minus the last sampled
 under its ``session_id``; the next call prefills only the part of the request after the longest
 common prefix with the cached ids (at least one token is always re-fed to get logits).
 
+Sampling randomness is per session (``rollout/seeding.py``): the uniform number that picks row
+``b``'s token at decode step ``t`` depends only on (call seed, row ``b``'s ``session_id``, ``t``),
+so a session samples the same tokens whichever other sessions share the call, in whatever order
+(the condition for a batch split over several engines to give one engine's trajectories). What a
+batch can still change is float rounding: see "Batch composition" below.
+
 Log-probs are ``log_softmax`` of the raw logits (temperature 1, before top-k / top-p): the
 policy's own log-prob, which a plain forward pass on the full sequence reproduces.
+
+Batch composition: the logits of a row are computed on a batch padded to the longest row (and
+compacted as rows finish), so other rows change the shapes of the matrix products and the position
+of the row's keys in the padded key axis. Vectorised sums then group the same terms differently,
+which can move a logit in its last bits (float32: ~1e-7 relative). A token can only change if a
+row's uniform number falls within that distance of a boundary of the cumulative distribution
+(probability ~1e-7 per token); log-probs agree to ~1e-6, not bit for bit. See
+``tests/rollout/test_sharding.py``.
 
 Simplifications: attention implementations ``sdpa`` and ``eager`` only; models with sliding-window
 layers are used only while the sequence fits in the window.
@@ -38,6 +52,7 @@ from transformers import DynamicCache
 from ragen_tasks.models import fast_qwen2
 from ragen_tasks.models.fast_qwen2 import FastQwen2, KVCache
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
+from ragen_tasks.rollout.seeding import session_keys, uniforms
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +109,8 @@ class HFEngine:
     """Engine Protocol over a transformers causal LM with KV reuse across turns per session.
 
     ``model``/``tokenizer``: e.g. from ``ragen_tasks.models.load_policy``.
-    ``seed``: seeds the engine's own generator, used when ``SamplingParams.seed`` is None (a call
-    with ``SamplingParams.seed`` set is reproducible on its own).
+    ``seed``: seeds the engine's own generator of call seeds, used when ``SamplingParams.seed`` is
+    None (a call with ``SamplingParams.seed`` set is reproducible on its own, session by session).
     ``reuse_cache``: keep each session's KV between calls (turn off to measure or to save memory).
     ``fast``: use our functional Qwen2 forward (``models/fast_qwen2.py``) when the model is a
     Qwen2 causal LM; False = always the transformers forward.
@@ -145,7 +160,11 @@ class HFEngine:
             return []
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         device = self.model.device
-        gen = torch.Generator(device=device).manual_seed(seed)
+        # (B, max_new_tokens) row b's uniform number for each decode step, from its session's own stream
+        draws: torch.Tensor | None = None
+        if params.temperature > 0:
+            keys = session_keys(seed, [r.session_id for r in requests])
+            draws = torch.from_numpy(uniforms(keys, params.max_new_tokens)).to(device)
         with torch.inference_mode():
             rows = self._prefill_rows(requests)
             # Qwen2 models run through our functional forward (weights fused afresh: they may have been
@@ -159,7 +178,7 @@ class HFEngine:
             live = len(lines)
             may_end = self._ending_tokens(params.stop_strings)  # None: any token may complete a stop string
             for step in range(params.max_new_tokens):
-                tok, lp = self._sample(logits, params, gen)  # (B,), (B,)
+                tok, lp = self._sample(logits, params, None if draws is None else draws[:, step])  # (B,), (B,)
                 tok_list, lp_list = tok.tolist(), lp.tolist()
                 last_step = step == params.max_new_tokens - 1
                 for b, (row, t, logprob) in enumerate(zip(lines, tok_list, lp_list, strict=True)):
@@ -180,6 +199,7 @@ class HFEngine:
                     idx = torch.tensor(keep, device=device)
                     cache = self._select(cache, idx)
                     pos, tok = pos[idx], tok[idx]
+                    draws = draws[idx] if draws is not None else None  # a row keeps its own numbers
                     mask = mask[idx] if mask is not None else None
                     lines = [lines[b] for b in keep]
                 # one decode step for the live rows: the new token attends to every valid column (the
@@ -330,11 +350,12 @@ class HFEngine:
         return logits
 
     def _sample(
-        self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+        self, logits: torch.Tensor, params: SamplingParams, u01: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token per row and its log-prob at temperature 1. logits: (B, V) float32."""
+        """Next token per row and its log-prob at temperature 1. logits: (B, V) float32; u01: (B,) float32
+        in [0, 1), the uniform number that picks row b's token (None when greedy)."""
         probs = torch.softmax(logits, dim=-1)  # (B, V) the policy's own distribution (temperature 1)
-        if params.temperature == 0:
+        if params.temperature == 0 or u01 is None:
             tok = logits.argmax(dim=-1)
         else:
             if params.temperature == 1 and params.top_k == 0 and params.top_p == 1:
@@ -344,7 +365,7 @@ class HFEngine:
             # inverse-CDF sampling: one uniform number per row (torch.multinomial draws far more on CPU).
             # u is scaled by the row total, so it never falls past the last non-zero probability.
             cdf = probs_t.cumsum(dim=-1)  # (B, V)
-            u = torch.rand((cdf.shape[0], 1), generator=gen, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+            u = u01[:, None] * cdf[:, -1:]  # (B, 1)
             tok = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)  # (B,)
         # log of the chosen probability: equal to log_softmax's value to float rounding (~1e-7) while the
         # probability is a normal float; below that (log-prob < -87, in practice never sampled) the rows

@@ -12,8 +12,10 @@ log-probs (vLLM's default ``--logprobs-mode raw_logprobs``), and the server shou
 caching (vLLM's default) so re-sending an episode's history costs little.
 
 One HTTP request per prompt, sent concurrently (the server batches them); with
-``SamplingParams.seed`` set, prompt ``i`` of a call uses ``seed + i`` so identical prompts of a
-group still get different samples. Finish reasons: ``length`` -> "length"; ``stop`` with a string
+``SamplingParams.seed`` set, each request's ``seed`` is ``session_seed(seed, session_id)``
+(``rollout/seeding.py``): identical prompts of a group still get different samples, and a session's
+seed does not depend on its position in the call, so a batch split over several servers
+(``engine_options.base_urls``) sends every episode the seeds one server would have got. Finish reasons: ``length`` -> "length"; ``stop`` with a string
 ``stop_reason`` -> "stop"; ``stop`` without one (end-of-sequence token) -> "eos".
 """
 
@@ -27,6 +29,7 @@ from typing import Any, Literal
 import httpx
 
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
+from ragen_tasks.rollout.seeding import session_seed
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +69,13 @@ class OpenAIEngine:
         """No-op: the server's prefix cache is managed by the server."""
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
-        bodies = [self._body(r, params, i) for i, r in enumerate(requests)]
+        bodies = [self._body(r, params) for r in requests]
         if not bodies:
             return []
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(bodies))) as pool:
             return list(pool.map(self._post, bodies))
 
-    def _body(self, request: GenerationRequest, params: SamplingParams, index: int) -> dict[str, Any]:
+    def _body(self, request: GenerationRequest, params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": [int(t) for t in request.prompt_ids],
@@ -88,7 +91,7 @@ class OpenAIEngine:
             "n": 1,
         }
         if params.seed is not None:
-            body["seed"] = params.seed + index
+            body["seed"] = session_seed(params.seed, request.session_id)
         return body
 
     def _post(self, body: dict[str, Any]) -> Generation:

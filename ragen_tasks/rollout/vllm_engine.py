@@ -3,8 +3,9 @@
 vLLM is imported ONLY inside this module's functions, so CPU installs (and the Prefect image,
 whose pins clash with vLLM's) never import it; choose it by name ``"vllm"`` or dotted path
 ``"ragen_tasks.rollout.vllm_engine:VLLMEngine"``. Requests go in as token ids (``TokensPrompt``),
-one ``SamplingParams`` per prompt so prompt ``i`` of a seeded call uses ``seed + i`` (identical
-group prompts still differ). ``logprobs=0`` returns the sampled token's log-prob; the engine is
+one ``SamplingParams`` per prompt so each session of a seeded call gets its own seed
+``session_seed(seed, session_id)`` (identical group prompts still differ, and the seed does not
+depend on the session's position in the call: see ``rollout/seeding.py``). ``logprobs=0`` returns the sampled token's log-prob; the engine is
 built with ``logprobs_mode="raw_logprobs"`` where the vLLM version supports it, so they are the
 policy's own log-probs before temperature/top-p (the Engine contract). Automatic prefix caching
 replaces a per-session KV cache, so ``release`` is a no-op.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
+from ragen_tasks.rollout.seeding import session_seed
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +111,9 @@ class VLLMEngine:
                 stop=list(params.stop_strings),
                 include_stop_str_in_output=True,
                 logprobs=0,
-                seed=None if params.seed is None else params.seed + i,
+                seed=None if params.seed is None else session_seed(params.seed, r.session_id),
             )
-            for i in range(len(requests))
+            for r in requests
         ]
         outputs = self.llm.generate(prompts, per_prompt, use_tqdm=False)
         return [_to_generation(out.outputs[0]) for out in outputs]

@@ -8,6 +8,7 @@ import torch
 from ragen_tasks.models import load_policy
 from ragen_tasks.rollout.engine import Engine, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine, filter_logits
+from ragen_tasks.rollout.seeding import session_keys, uniforms
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -257,7 +258,8 @@ def test_sampled_logprobs_equal_log_softmax(policy, params) -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 50, generator=gen) * 3
     logits[32:, 1:] -= 200.0  # rows 32..63: every token but 0 has probability ~e^-200 (0 in float32)
-    tok, logprob = engine._sample(logits, params, gen)
+    u01 = torch.from_numpy(uniforms(session_keys(0, [f"s{i}" for i in range(64)]), 1)[:, 0])  # (64,)
+    tok, logprob = engine._sample(logits, params, u01)
     ref = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
     assert torch.isfinite(logprob).all()
     assert torch.allclose(logprob, ref, atol=1e-5, rtol=0), (logprob - ref).abs().max()

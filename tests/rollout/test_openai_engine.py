@@ -1,14 +1,7 @@
-"""OpenAIEngine request/response handling against a small vLLM-like server on 127.0.0.1."""
+"""OpenAIEngine request/response handling against a small vLLM-like server on 127.0.0.1 (``FakeVLLM``
+and the ``server`` fixture live in conftest.py)."""
 
 from __future__ import annotations
-
-import contextlib
-import json
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -17,75 +10,7 @@ from ragen_tasks.data.trajectory import TrajectoryStatus
 from ragen_tasks.rollout.engine import GenerationRequest, SamplingParams
 from ragen_tasks.rollout.loop import RolloutTask, run_rollouts
 from ragen_tasks.rollout.openai_engine import EngineServerError, OpenAIEngine
-
-
-class FakeVLLM:
-    """Answers /v1/completions like vLLM. ``mode`` picks the behaviour; ``bodies`` records requests."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.mode = "token_id_strings"
-        self.reply_ids: list[int] | None = None  # fixed reply (e.g. an encoded answer); else derived
-        self.reply_text = ""
-        self.lock = threading.Lock()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        with self.lock:
-            self.bodies.append(body)
-        if self.mode == "error":
-            return 500, {"error": "boom"}
-        if self.mode == "slow":
-            time.sleep(1.0)
-        prompt = body["prompt"]
-        ids = self.reply_ids or [(prompt[-1] + k + 1) % 50 for k in range(min(3, body["max_tokens"]))]
-        ids = ids[: body["max_tokens"]]
-        finish = "length" if len(ids) == body["max_tokens"] and self.reply_ids is None else "stop"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": self.reply_text or "x" * len(ids),
-            "finish_reason": finish,
-            "stop_reason": "</answer>" if self.mode != "eos" else None,
-            "logprobs": {
-                "tokens": [f"token_id:{t}" for t in ids],
-                "token_logprobs": [-0.1 * (k + 1) for k in range(len(ids))],
-            },
-        }
-        if self.mode == "token_ids_field":
-            choice["token_ids"] = ids
-            choice["logprobs"]["tokens"] = ["?" for _ in ids]
-        if self.mode == "bad":
-            del choice["logprobs"]
-        return 200, {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[str, FakeVLLM]]:
-    fake = FakeVLLM()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            assert self.path == "/v1/completions", self.path
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            status, payload = fake.answer(body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError):  # the client gave up (timeout test)
-                self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", fake
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+from ragen_tasks.rollout.seeding import session_seed
 
 
 def _requests(n: int) -> list[GenerationRequest]:
@@ -101,7 +26,12 @@ def test_request_body_and_reply_parsing(server) -> None:
     assert all(g.logprobs == pytest.approx([-0.1, -0.2, -0.3]) and g.finish_reason == "stop" for g in gens)
     bodies = sorted(fake.bodies, key=lambda b: b["prompt"][-1])
     assert [b["prompt"] for b in bodies] == [[1, 2, 10], [1, 2, 11], [1, 2, 12]]
-    assert [b["seed"] for b in bodies] == [5, 6, 7]  # distinct seeds: identical group prompts still differ
+    # a seed per session, not per position: identical group prompts still differ, and a session keeps its
+    # seed whichever requests share its call (a batch split over servers sends the same seeds)
+    assert [b["seed"] for b in bodies] == [session_seed(5, f"s{i}") for i in range(3)]
+    assert len({b["seed"] for b in bodies}) == 3 and all(0 <= b["seed"] < 2**63 for b in bodies)
+    engine.generate(list(reversed(_requests(3)))[:2], params)
+    assert sorted(b["seed"] for b in fake.bodies[3:]) == sorted(session_seed(5, s) for s in ("s1", "s2"))
     b = bodies[0]
     assert b["model"] == "tiny" and b["max_tokens"] == 8 and b["top_k"] == -1 and b["logprobs"] == 0
     assert b["return_tokens_as_token_ids"] and b["include_stop_str_in_output"] and b["stop"] == ["</answer>"]
