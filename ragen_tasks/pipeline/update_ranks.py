@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", help="the run's folder or URI (s3://bucket/prefix/<run_id>)")
     parser.add_argument("iteration", type=int, help="the iteration whose update to run")
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # the launching stage shows progress
     with record_rank_errors():
         ranks = init_from_env()
         logging.basicConfig(

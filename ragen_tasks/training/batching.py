@@ -103,8 +103,8 @@ def rank_plan(
     (``shard_rows``) cut by ``micro_batches``, then padded to the largest count any rank has.
 
     ``rows``: (n,) indices into the batch, n >= 1; ``lengths``: (B,) real tokens per row. A padding
-    micro-batch holds one real row (this rank's first, or the minibatch's first when the rank has
-    none), so it runs the same shapes of kernels as a real one."""
+    micro-batch holds one real row, the minibatch's shortest (a real row keeps every kernel's inputs
+    valid; the shortest costs least)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     if rows.numel() == 0:
@@ -114,6 +114,6 @@ def rank_plan(
         for shard in shard_rows(rows, lengths, world_size)
     ]
     mine = [MicroBatch(m) for m in plans[rank]]
-    filler = mine[0].rows[:1] if mine else rows[:1]
+    filler = rows[lengths[rows].argmin()].reshape(1)  # the cheapest real row of the minibatch
     steps = max(len(p) for p in plans)
     return mine + [MicroBatch(filler, padding=True)] * (steps - len(mine))

@@ -152,7 +152,10 @@ def launch_update_ranks(
             str(iteration),
         ]
         log.info("iteration %d: update on %d ranks: %s", iteration, nproc, " ".join(cmd))
-        code = subprocess.run(cmd, env={**os.environ, ERROR_DIR_ENV: errors}, check=False).returncode
+        # The ranks share this machine's cores (torchrun would set 1 thread each, with a banner).
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max((os.cpu_count() or 1) // nproc, 1))
+        env = {**os.environ, ERROR_DIR_ENV: errors, "OMP_NUM_THREADS": threads}
+        code = subprocess.run(cmd, env=env, check=False).returncode
         if code == 0:
             return
         reports = sorted(Path(errors).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))

@@ -76,6 +76,23 @@ def test_a_diverging_update_is_never_committed_and_the_run_continues_with_a_reco
     assert pipeline.init_run(_open(tmp_path, "diverge", **diverging))["start_iteration"] == 1
 
 
+def test_a_diverging_update_on_two_ranks_fails_as_on_one(tmp_path: Path) -> None:
+    """The ranks' error reaches the stage as the same type and message (final for the flow's retries);
+    nothing is committed by any rank."""
+    diverging = {"optim.lr": 1e10, "optim.critic_lr": 1e10, "optim.ppo_epochs": 1, "update.world_size": 2}
+    run = _open(tmp_path, "diverge-ranks", **diverging)
+    pipeline.init_run(run)
+    for stage in (pipeline.generate_tasks, pipeline.rollout, pipeline.filter_and_validate):
+        stage(run, 0)
+    with pytest.raises(DivergedUpdateError) as err:
+        pipeline.update(pipeline.run_for_iteration(run.uri, 0), 0)
+    message = str(err.value)
+    assert "1 of 2 optimizer steps skipped" in message and "step 1 was NOT committed" in message, message
+    assert "critic weight" in message and "--run-id diverge-ranks --resume-set optim.critic_lr=" in message
+    assert [c.step for c in ckpt.committed_checkpoints(run.checkpoint_root)] == [0]
+    assert not list(run.checkpoint_root.glob(".tmp-*")) and not (run.checkpoint_root / "step_000001").exists()
+
+
 def test_checkpoint_0_pruned_is_never_rebuilt_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = _open(tmp_path, "pruned", **{"checkpoint.keep_last": 1})
     pipeline.init_run(run)
