@@ -38,17 +38,24 @@ def _iteration(run: pipeline.Run, k: int) -> dict[str, Any]:
     return pipeline.record_iteration(run, k, row)
 
 
-def test_a_diverging_update_is_never_committed_and_the_run_continues_with_a_recorded_lower_lr(tmp_path: Path) -> None:
-    # Without a warm start every reward is the format penalty: only the critic gets a gradient. Two
-    # optimizer steps: a finite one that blows the weights up, then one skipped (non-finite norm).
-    diverging = {"optim.lr": 1e10, "optim.critic_lr": 1e10, "optim.ppo_epochs": 1}
-    run = _open(tmp_path, "diverge", **diverging)
+DIVERGING = {"optim.lr": 1e10, "optim.critic_lr": 1e10, "optim.ppo_epochs": 1}
+
+
+def _diverge(root: Path, run_id: str, **extra: Any) -> tuple[pipeline.Run, str]:
+    """Iteration 0 of a run whose update diverges, up to the update's error: (the run, its message)."""
+    run = _open(root, run_id, **DIVERGING, **extra)
     pipeline.init_run(run)
     for stage in (pipeline.generate_tasks, pipeline.rollout, pipeline.filter_and_validate):
         stage(run, 0)
     with pytest.raises(DivergedUpdateError) as err:
         pipeline.update(pipeline.run_for_iteration(run.uri, 0), 0)
-    message = str(err.value)
+    return run, str(err.value)
+
+
+def test_a_diverging_update_is_never_committed_and_the_run_continues_with_a_recorded_lower_lr(tmp_path: Path) -> None:
+    # Without a warm start every reward is the format penalty: only the critic gets a gradient. Two
+    # optimizer steps: a finite one that blows the weights up, then one skipped (non-finite norm).
+    run, message = _diverge(tmp_path, "diverge")
     assert (
         "1 of 2 optimizer steps skipped" in message
         and "optim.max_weight_abs" in message
@@ -59,12 +66,12 @@ def test_a_diverging_update_is_never_committed_and_the_run_continues_with_a_reco
 
     # Changing the LR with a plain --set is refused (another experiment), naming the explicit way.
     with pytest.raises(ConfigError, match=r"optim\.critic_lr.*--resume-set optim\.critic_lr=1e-05"):
-        pipeline.init_run(_open(tmp_path, "diverge", **{**diverging, "optim.critic_lr": 1e-5}))
+        pipeline.init_run(_open(tmp_path, "diverge", **{**DIVERGING, "optim.critic_lr": 1e-5}))
     with pytest.raises(ConfigError, match="only these settings may change"):
-        pipeline.init_run(_open(tmp_path, "diverge", **diverging), resume_set={"algo.clip_low": 0.1})
+        pipeline.init_run(_open(tmp_path, "diverge", **DIVERGING), resume_set={"algo.clip_low": 0.1})
     # The explicit, recorded override: the same run id continues from checkpoint 0 with lower LRs.
     lower = {"optim.lr": 1e-5, "optim.critic_lr": 1e-5}
-    resumed = _open(tmp_path, "diverge", **diverging)
+    resumed = _open(tmp_path, "diverge", **DIVERGING)
     assert pipeline.init_run(resumed, resume_set=lower)["start_iteration"] == 0
     assert pipeline.recorded_changes(run.store, "diverge") == [
         {"set": lower, "previous": {"optim.lr": 1e10, "optim.critic_lr": 1e10}, "from_iteration": 0}
@@ -73,20 +80,13 @@ def test_a_diverging_update_is_never_committed_and_the_run_continues_with_a_reco
     row = _iteration(resumed, 0)
     assert row["policy/next_step"] == 1 and row["actor/skipped_steps"] == 0
     # Resuming again needs no flag: the recorded change stays in force.
-    assert pipeline.init_run(_open(tmp_path, "diverge", **diverging))["start_iteration"] == 1
+    assert pipeline.init_run(_open(tmp_path, "diverge", **DIVERGING))["start_iteration"] == 1
 
 
 def test_a_diverging_update_on_two_ranks_fails_as_on_one(tmp_path: Path) -> None:
     """The ranks' error reaches the stage as the same type and message (final for the flow's retries);
     nothing is committed by any rank."""
-    diverging = {"optim.lr": 1e10, "optim.critic_lr": 1e10, "optim.ppo_epochs": 1, "update.world_size": 2}
-    run = _open(tmp_path, "diverge-ranks", **diverging)
-    pipeline.init_run(run)
-    for stage in (pipeline.generate_tasks, pipeline.rollout, pipeline.filter_and_validate):
-        stage(run, 0)
-    with pytest.raises(DivergedUpdateError) as err:
-        pipeline.update(pipeline.run_for_iteration(run.uri, 0), 0)
-    message = str(err.value)
+    run, message = _diverge(tmp_path, "diverge-ranks", **{"update.world_size": 2})
     assert "1 of 2 optimizer steps skipped" in message and "step 1 was NOT committed" in message, message
     assert "critic weight" in message and "--run-id diverge-ranks --resume-set optim.critic_lr=" in message
     assert [c.step for c in ckpt.committed_checkpoints(run.checkpoint_root)] == [0]
