@@ -166,8 +166,9 @@ def train(
         store_root: where runs live, a folder on the worker or s3://bucket/prefix; empty: the preset's (runs/)
         overrides: any other config value, as dotted key -> value, e.g. {"optim.lr": 0.0001,
             "rollout.groups": 8}; keys as in the preset YAML files
-        resume_set: optimizer settings to change on an existing run (e.g. a lower optim.lr after a
-            diverged update), recorded in the run; only the keys of pipeline.RESUMABLE_KEYS
+        resume_set: optimizer settings or the update's ranks to change on an existing run (e.g. a
+            lower optim.lr after a diverged update, update.world_size), recorded in the run; only the
+            keys of pipeline.RESUMABLE_KEYS
     """
     fields = {"iterations": iterations, "seed": seed, "eval_seeds": eval_seeds, "store_root": store_root}
     extra = {FORM_FIELDS[name]: value for name, value in fields.items() if value is not None}

@@ -67,8 +67,8 @@ def train(
         list[str] | None,
         typer.Option(
             "--resume-set",
-            help="on resume, change an optimizer setting of the run from now on, recorded in the run: "
-            "--resume-set optim.lr=1e-6",
+            help="on resume, change an optimizer setting or where the update runs (update.*) from now on, "
+            "recorded in the run: --resume-set optim.lr=1e-6, --resume-set update.world_size=2",
         ),
     ] = None,
     list_presets: Annotated[bool, typer.Option("--list", help="list the presets and exit")] = False,
