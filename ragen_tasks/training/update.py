@@ -197,7 +197,9 @@ def ppo_update(
                 sums[k] += float(v)
 
     # 5. metrics: means over the minibatches
-    tokens = int(all_reduce(torch.tensor(float(tokens))).item())  # every rank's trained tokens
+    tokens = int(
+        all_reduce(torch.tensor(float(tokens), device=batch.input_ids.device)).item()
+    )  # all ranks (nccl: on the GPU)
     elapsed = time.perf_counter() - t0
     metrics.update({k: v / (steps + skipped) for k, v in sums.items()})
     metrics.update(
