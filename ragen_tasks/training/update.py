@@ -197,9 +197,8 @@ def ppo_update(
                 sums[k] += float(v)
 
     # 5. metrics: means over the minibatches
-    tokens = int(
-        all_reduce(torch.tensor(float(tokens), device=batch.input_ids.device)).item()
-    )  # all ranks (nccl: on the GPU)
+    device = batch.input_ids.device  # nccl reduces GPU tensors only
+    tokens = int(all_reduce(torch.tensor(float(tokens), device=device)).item())  # every rank's tokens
     elapsed = time.perf_counter() - t0
     metrics.update({k: v / (steps + skipped) for k, v in sums.items()})
     metrics.update(
