@@ -100,6 +100,17 @@ def save_trainer(
     return info
 
 
+def copy_trainer(run: Run, from_step: int, to_step: int) -> ckpt.CheckpointInfo:
+    """Commit checkpoint ``to_step`` holding checkpoint ``from_step``'s exact state, file for file
+    (whatever number of ranks wrote it), then prune and mirror it like ``save_trainer``."""
+    fingerprint(run, from_step)  # the run's lineage must agree with the marker (a re-signed checkpoint is refused)
+    info = ckpt.copy_checkpoint(run.checkpoint_root, run.checkpoint_path(from_step), to_step)
+    ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
+    run.publish_checkpoint(to_step)
+    run.prune_store_checkpoints()
+    return info
+
+
 def load_trainer(run: Run, step: int) -> Trainer:
     """Weights, optimizer state and shuffling RNG of checkpoint ``step`` (weights first, then the
     backend wraps, then the optimizer state goes in through the wrapper). The learning rates of the

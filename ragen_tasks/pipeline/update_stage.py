@@ -24,6 +24,7 @@ from ragen_tasks.pipeline.stages import json_floats
 from ragen_tasks.pipeline.trainer import (
     Trainer,
     TrainerHandoff,
+    copy_trainer,
     load_trainer,
     republish,
     save_trainer,
@@ -179,10 +180,11 @@ def _read_batch(run: Run, iteration: int) -> Any:
 
 def rollback(run: Run, iteration: int, *, to_step: int, new_step: int) -> dict[str, Any]:
     """Commit checkpoint ``new_step`` holding checkpoint ``to_step``'s exact weights, optimizer and
-    RNG state (the guard's rollback), so the next iteration continues from the healthy policy."""
+    RNG state (the guard's rollback; a file copy, so every rank's optimizer part is kept), so the
+    next iteration continues from the healthy policy."""
     if not run.store.has_manifest(run.run_id, iteration, "update", "rollback"):
         if step_missing(run, new_step):
-            save_trainer(run, load_trainer(run, to_step), new_step)
+            copy_trainer(run, to_step, new_step)
         else:
             republish(run, new_step)
         run.store.write_json(

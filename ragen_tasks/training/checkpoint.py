@@ -192,7 +192,9 @@ def save_checkpoint(
     _agree(problem)  # every rank's part is on disk
     info = None
     if ranks.is_main:
-        info = _commit(root, final, tmp, step, policy_version, optimizers, models, parts, ranks.world_size)
+        info = _commit(
+            root, final, tmp, step, policy_version, list(optimizers), list(models or {}), parts, ranks.world_size
+        )
         if keep_last is not None:
             prune(root, keep_last=keep_last)
     info = broadcast(info)
@@ -200,6 +202,24 @@ def save_checkpoint(
     return CheckpointInfo(
         path=info.path, step=info.step, policy_version=info.policy_version, fingerprint=info.fingerprint
     )
+
+
+def copy_checkpoint(root: Path, source: Path, step: int) -> CheckpointInfo:
+    """Commit ``{root}/step_{step:06d}`` as an exact copy of committed checkpoint ``source``'s files
+    (weights, every optimizer part, RNG and shuffling state; not its ``metadata.json``, which
+    describes the update that made ``source``). Works for a checkpoint of any number of ranks."""
+    marker = verify_checkpoint(source)
+    root = Path(root)
+    final = step_dir(root, step)
+    tmp = _fresh_folder(root, final)
+    for name in marker["files"]:
+        if name != METADATA:
+            shutil.copy2(Path(source) / name, tmp / name)
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+    names, models = list(marker.get("optimizers", [])), list(marker.get("models", []))
+    parts = {name: int(marker.get("optimizer_parts", {}).get(name, 1)) for name in names}
+    return _commit(root, final, tmp, step, None, names, models, parts, int(marker.get("world_size", 1)))
 
 
 def _part_name(name: str, rank: int, parts: int) -> str:
@@ -275,8 +295,8 @@ def _commit(
     tmp: Path,
     step: int,
     policy_version: int | None,
-    optimizers: dict[str, Any],
-    models: dict[str, torch.nn.Module] | None,
+    optimizers: Collection[str],
+    models: Collection[str],
     parts: dict[str, int],
     world_size: int,
 ) -> CheckpointInfo:
@@ -295,7 +315,7 @@ def _commit(
         "optimizers": sorted(optimizers),
         "optimizer_parts": parts,
         "world_size": world_size,
-        "models": sorted(models or {}),
+        "models": sorted(models),
     }
     tmp_marker = final / f"{_TMP_PREFIX}{MARKER}"
     tmp_marker.write_text(json.dumps(marker, indent=1, sort_keys=True))

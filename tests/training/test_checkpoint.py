@@ -89,3 +89,46 @@ def test_prune_removes_what_an_interrupted_prune_left(tmp_path) -> None:  # type
     ckpt.step_dir(tmp_path, 3).mkdir()  # a newer folder being written: left alone
     ckpt.prune(tmp_path, keep_last=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000001", "step_000002", "step_000003"]
+
+
+class _Part:
+    """A stand-in for one rank's sharded optimizer (a ZeRO TrainModel): its state is its own part."""
+
+    sharded_state = True
+
+    def __init__(self, value: float) -> None:
+        self.state = {"state": {0: {"exp_avg": torch.full((3,), value)}}, "param_groups": []}
+
+    def state_dict(self):  # type: ignore[no-untyped-def]
+        return self.state
+
+    def load_state_dict(self, state):  # type: ignore[no-untyped-def]
+        self.state = state
+
+
+def test_parts_are_listed_checked_and_copied_whole(tmp_path):
+    """A checkpoint whose marker lists per-rank optimizer parts: a lost part is refused; a 1-rank
+    loader starts that optimizer fresh (the documented policy); the rollback's copy keeps every part."""
+    actor = tiny_actor(0)
+    info = ckpt.save_checkpoint(tmp_path, 1, actor=actor, optimizers={})
+    torch.save(_Part(2.0).state_dict(), info.path / "optim_actor.rank001-of-002.pt")
+    torch.save(_Part(1.0).state_dict(), info.path / "optim_actor.rank000-of-002.pt")
+    marker = json.loads((info.path / ckpt.MARKER).read_text())
+    marker["optimizers"], marker["optimizer_parts"], marker["world_size"] = ["actor"], {"actor": 2}, 2
+    marker["files"]["optim_actor.rank000-of-002.pt"] = ckpt.sha256_file(info.path / "optim_actor.rank000-of-002.pt")
+    (info.path / ckpt.MARKER).write_text(json.dumps(marker))
+    with pytest.raises(ckpt.CheckpointError, match=r"incomplete: its marker lacks optim_actor\.rank001-of-002\.pt"):
+        ckpt.load_optimizers(info.path, {"actor": _Part(0.0)})
+    marker["files"]["optim_actor.rank001-of-002.pt"] = ckpt.sha256_file(info.path / "optim_actor.rank001-of-002.pt")
+    (info.path / ckpt.MARKER).write_text(json.dumps(marker))
+
+    whole = make_optimizer(actor, lr=1e-3, weight_decay=0.0)  # one rank, whole state: cannot take a part
+    assert ckpt.load_optimizers(info.path, {"actor": whole}) == ["actor"] and not whole.state_dict()["state"]
+
+    copy = ckpt.copy_checkpoint(tmp_path, info.path, 4)
+    copied = ckpt.verify_checkpoint(copy.path)
+    assert copy.step == copied["step"] == 4 and copy.fingerprint == info.fingerprint
+    assert copied["optimizer_parts"] == {"actor": 2} and copied["world_size"] == 2
+    for rank, value in ((0, 1.0), (1, 2.0)):
+        part = torch.load(copy.path / f"optim_actor.rank{rank:03d}-of-002.pt", weights_only=True)
+        assert torch.equal(part["state"][0]["exp_avg"], torch.full((3,), value))
