@@ -5,8 +5,8 @@ In paper order (CleanRL style), as ``ppo_update`` reads:
 1. advantages that need no model (GRPO, batch-normalised) first; with ``algo.drop_zero_advantage``
    (StarPO-S), trajectories whose advantage is 0 everywhere (zero-variance groups carry no signal)
    are dropped BEFORE any forward pass, which also drops their tokens from the loss denominator;
-2. no-grad forward passes (``old_pass``): old log-probs of the actor, reference log-probs (only
-   when a KL term is on), values (only with a critic);
+2. no-grad forward passes (``old_pass``, in its own module): old log-probs of the actor, reference
+   log-probs (only when a KL term is on), values (only with a critic);
 3. advantages that need them: token rewards (+ KL in the reward) -> GAE advantages and returns;
 4. ``ppo_epochs`` x minibatches of whole trajectories (shuffled with the seeded ``generator``),
    each one ``minibatch_step``: micro-batches (this rank's token-balanced shard, packed by length:
@@ -23,7 +23,6 @@ optimizer and the batch are passed in (see ``backend.make_train_model``); there 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -40,9 +39,10 @@ from ragen_tasks.algos.rewards import token_level_rewards
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.token_batch import TokenBatch
 from ragen_tasks.training.backend import TrainModel
-from ragen_tasks.training.batching import MicroBatch, rank_plan
+from ragen_tasks.training.batching import rank_plan
 from ragen_tasks.training.critic import token_logprobs
-from ragen_tasks.training.distributed import SINGLE, all_reduce
+from ragen_tasks.training.distributed import all_reduce
+from ragen_tasks.training.old_pass import OldPass, old_pass
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,6 @@ def diverged_weights(modules: dict[str, nn.Module], max_abs: float) -> str | Non
             if largest > max_abs:
                 return f"{name} weight {pname!r} reached |w| = {largest:.3g} > optim.max_weight_abs={max_abs:g}"
     return None
-
-
-@dataclass(frozen=True)
-class OldPass:
-    """What the models said about the batch before this update (no grad); all (B, T), 0 on padding."""
-
-    logprobs: Tensor  # log p_old(token t | < t) under the actor, where a token is sampled or trained on
-    ref_logprobs: Tensor | None  # the same under the reference model; None without a KL term
-    values: Tensor | None  # critic V(state before token t); None without a critic
 
 
 @dataclass(frozen=True)
@@ -247,27 +238,6 @@ def _rows_with_signal(
     return batch.select(keep), Advantages(kept, None, adv.metrics)
 
 
-def old_pass(
-    batch: TokenBatch,
-    actor: TrainModel,
-    critic: TrainModel | None,
-    ref_model: nn.Module | None,
-    micro: int,
-    max_tokens: int | None = None,
-) -> OldPass:
-    """The no-grad passes over ``batch`` (micro-batches of ``micro`` rows / ``max_tokens`` padded
-    tokens, sharded over the ranks): the actor's log-probs, the reference's (when given; every rank
-    runs it whole, it is not data-parallel) and the critic's values (when given)."""
-    actor.module.eval()
-    logprobs = _forward_logprobs(actor.forward_module, batch, micro, actor, max_tokens)
-    ref_logprobs = _forward_logprobs(ref_model, batch, micro, None, max_tokens) if ref_model is not None else None
-    values = None
-    if critic is not None:
-        critic.module.eval()
-        values = _forward_values(critic, batch, micro, max_tokens)
-    return OldPass(logprobs, ref_logprobs, values)
-
-
 #: Metrics that are a micro-batch's share of the minibatch loss (they carry its denominator): summed.
 #: ``actor/ratio_max`` is a max; every other metric is a token mean, weighted by the micro-batch's
 #: share of the minibatch's trained tokens (exact over any cut of the minibatch into micro-batches).
@@ -422,49 +392,6 @@ def _count_step(actor: TrainModel, stepped: bool, grad_norm: float, max_skips: i
             f"(optim.max_consecutive_skips={max_skips}): the loss or the model has "
             "diverged; lower optim.lr, check the batch's rewards / log-probs, or roll back to the last checkpoint"
         )
-
-
-def _rank_micro_batches(
-    batch: TokenBatch, ctx: TrainModel | None, micro: int, max_tokens: int | None
-) -> list[MicroBatch]:
-    """This rank's micro-batches of a no-grad pass over the whole batch (one rank without ``ctx``)."""
-    ranks = ctx.ranks if ctx is not None else SINGLE
-    rows = torch.arange(batch.batch_size)
-    return rank_plan(
-        rows, batch.lengths, world_size=ranks.world_size, rank=ranks.rank, max_rows=micro, max_tokens=max_tokens
-    )
-
-
-@torch.no_grad()
-def _forward_logprobs(
-    model: nn.Module, batch: TokenBatch, micro: int, ctx: TrainModel | None = None, max_tokens: int | None = None
-) -> Tensor:
-    """(B, T) log p(token) under ``model`` (no grad). With ``ctx`` on several ranks, each rank runs
-    its shard of the rows and the ranks' outputs are summed (every row is computed by one rank)."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for micro_batch in _rank_micro_batches(batch, ctx, micro, max_tokens):
-        mb = batch.select(micro_batch.rows)
-        with ctx.forward_context() if ctx is not None else contextlib.nullcontext():
-            # (b, t) log p(token t | < t) wherever a token is sampled or trained on (0 elsewhere)
-            logp, _ = token_logprobs(
-                model, mb.input_ids, mb.attention_mask, positions=(mb.loss_mask + mb.response_mask) > 0
-            )
-        if not micro_batch.padding:
-            out[micro_batch.rows, : mb.seq_len] = logp * mb.attention_mask
-    return all_reduce(out) if ctx is not None else out
-
-
-@torch.no_grad()
-def _forward_values(critic: TrainModel, batch: TokenBatch, micro: int, max_tokens: int | None = None) -> Tensor:
-    """(B, T) critic values V(state before token t) (no grad), sharded over the ranks like the log-probs."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
-    for micro_batch in _rank_micro_batches(batch, critic, micro, max_tokens):
-        mb = batch.select(micro_batch.rows)
-        with critic.forward_context():
-            values = critic.forward_module(mb.input_ids, mb.attention_mask).float()  # (b, t)
-        if not micro_batch.padding:
-            out[micro_batch.rows, : mb.seq_len] = values * mb.attention_mask
-    return all_reduce(out)
 
 
 def _denominator(loss_mask: Tensor, agg: str) -> float:
