@@ -93,9 +93,7 @@ def save_trainer(
             ranks=ranks,
         )
     if ranks.is_main:
-        ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
-        run.publish_checkpoint(step)
-        run.prune_store_checkpoints()
+        _prune_and_publish(run, step)
     barrier()  # no rank reads the store's checkpoints before rank 0 mirrored this one
     return info
 
@@ -105,10 +103,16 @@ def copy_trainer(run: Run, from_step: int, to_step: int) -> ckpt.CheckpointInfo:
     (whatever number of ranks wrote it), then prune and mirror it like ``save_trainer``."""
     fingerprint(run, from_step)  # the run's lineage must agree with the marker (a re-signed checkpoint is refused)
     info = ckpt.copy_checkpoint(run.checkpoint_root, run.checkpoint_path(from_step), to_step)
-    ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
-    run.publish_checkpoint(to_step)
-    run.prune_store_checkpoints()
+    _prune_and_publish(run, to_step)
     return info
+
+
+def _prune_and_publish(run: Run, step: int) -> None:
+    """After checkpoint ``step`` committed locally: prune old ones (never ``run.protect_steps``),
+    mirror it to the store, prune the store's."""
+    ckpt.prune(run.checkpoint_root, keep_last=run.config.checkpoint.keep_last, protect=run.protect_steps)
+    run.publish_checkpoint(step)
+    run.prune_store_checkpoints()
 
 
 def load_trainer(run: Run, step: int) -> Trainer:
