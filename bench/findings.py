@@ -22,6 +22,7 @@ measured); held-out success comes from the run's own summary (``eval.seeds`` see
 Usage::
 
     python bench/findings.py collapse --presets bandit frozenlake --seeds 0 1 2
+    python bench/findings.py collapse --presets frozenlake --arms "StarPO-S" "vanilla GRPO"
     python bench/findings.py freshness --presets frozenlake --seeds 0 1 2 --staleness 5
     python bench/findings.py granularity --presets frozenlake --seeds 0 1 2 --actions 1 2 3 5
 """
@@ -136,11 +137,20 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=None, help="append the tables to this file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra override for every run")
+    parser.add_argument(
+        "--arms", nargs="+", default=None, help="run only these arms, by label (e.g. 'StarPO-S' 'vanilla GRPO')"
+    )
     args = parser.parse_args()
 
     for preset in args.presets:
         results: dict[str, list[dict[str, Any]]] = {}
-        for label, overrides in variants(args.finding, preset, args):
+        arms = variants(args.finding, preset, args)
+        unknown = sorted(set(args.arms or []) - {label for label, _ in arms})
+        if unknown:
+            parser.error(f"--arms {unknown}: {args.finding} has the arms {[label for label, _ in arms]}")
+        for label, overrides in arms:
+            if args.arms is not None and label not in args.arms:
+                continue
             # The preset's own arm is the same command as bench/science.py's run: share it.
             tag = "science" if not overrides else re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
             for seed in args.seeds:
