@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +32,15 @@ def _main() -> None:
     # 20 s by default: too short on a loaded 2-core machine, where the run then dies before it
     # starts. A user's own setting wins.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # `kill PID` ends a command the way Ctrl-C does: the stack unwinds and atexit handlers run. By
+    # default SIGTERM kills the process outright, and the temporary Prefect server a flow started
+    # (stopped by an atexit handler) stayed behind, holding its port and memory.
+    if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -205,3 +213,30 @@ def test_resuming_with_another_config_is_refused_before_prefect_naming_resume_se
         ["train", "bandit-tiny", "--store", store, "--run-id", "new", "--resume-set", "optim.lr=1"],
         "does not exist yet",
     )
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_and_its_temporary_prefect_server(tmp_path: Path) -> None:
+    """`kill PID` on `ragen train` (no Prefect API configured, so the flow starts Prefect's temporary
+    server as a child process) exits with 143 and takes the server with it; it used to stay behind."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    ragen = str(Path(sys.executable).parent / "ragen")
+    command = [ragen, "train", "bandit-tiny", "--store", str(tmp_path / "runs"), "--set", "iterations=50"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        servers: list[psutil.Process] = []
+        deadline = time.monotonic() + 240
+        while not servers and process.poll() is None and time.monotonic() < deadline:
+            children = psutil.Process(process.pid).children(recursive=True)
+            servers = [c for c in children if "uvicorn" in " ".join(c.cmdline())]
+            time.sleep(0.5)
+        assert servers, "the run never started Prefect's temporary server"
+        time.sleep(2)  # the flow is past the server's start-up
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(servers, timeout=30)
+        assert not alive, f"temporary Prefect server still running: {[p.pid for p in alive]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
