@@ -126,14 +126,20 @@ def main() -> None:
         config = load_config(preset, args.overrides)
         env = config.envs[0].name
         reference = reference_points(config.envs[0], config.agent, seeds=args.eval_seeds, seed_offset=args.eval_offset)
-        runs = [train(preset, seed, args.store, args.overrides) for seed in args.seeds]
-        labels = [str(seed) for seed in args.seeds]
+        added, added_labels = [], []
         for folder in args.runs:  # finished runs of this preset made elsewhere, as further seeds
             summary = json.loads((folder / "summary.json").read_text())
             if env not in summary["eval_after_rl"]:  # a run of another game's preset
                 continue
-            runs.append((summary, *kept_times(folder)))
-            labels.append(folder.name)
+            if "cache_run" not in summary.get("warm_start", {}):  # checked before any training
+                raise SystemExit(
+                    f"--runs {folder}: the run has no cached warm start (it started from a model folder), so "
+                    "there is no SFT-only policy to compare it with"
+                )
+            added.append((summary, *kept_times(folder)))
+            added_labels.append(folder.name)
+        runs = [train(preset, seed, args.store, args.overrides) for seed in args.seeds] + added
+        labels = [str(seed) for seed in args.seeds] + added_labels
         for temperature in args.temperatures:
             sft, rl, zs = [], [], []
             for seed, (summary, wall, _cpu) in zip(labels, runs, strict=True):
