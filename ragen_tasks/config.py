@@ -233,6 +233,18 @@ class OptimConfig(_Frozen):
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     lr: float = Field(1e-5, gt=0, description="actor learning rate")
     critic_lr: float = Field(1e-5, gt=0, description="critic learning rate")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant",
+        description="learning rates over the run's iterations: constant, or linear decay from optim.lr / critic_lr "
+        "at the first iteration towards lr_end_fraction of them after the last (a run extended by more iterations "
+        "stretches the decay that is left)",
+    )
+    lr_end_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="linear lr_schedule: the fraction of the learning rates reached after the last iteration",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     ppo_epochs: int = Field(1, ge=1, description="passes over each batch")
     minibatch_size: int = Field(32, ge=1, description="trajectories per optimizer step")
@@ -255,6 +267,17 @@ class OptimConfig(_Frozen):
     amp_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="update compute dtype: bfloat16 = torch.autocast (weights and optimizer stay float32)"
     )
+
+    def lr_at(self, name: Literal["actor", "critic"], iteration: int, iterations: int) -> float:
+        """Learning rate of the ``name`` optimizer for the update of ``iteration`` (0-based) in a run of
+        ``iterations``: under the linear schedule the update of iteration i steps at
+        ``base * (1 - (1 - lr_end_fraction) * i / iterations)``, so the first update steps at the base rate
+        and the rate after the last one would be ``base * lr_end_fraction``."""
+        base = self.lr if name == "actor" else self.critic_lr
+        if self.lr_schedule == "constant":
+            return base
+        done = min(max(iteration, 0), iterations) / iterations
+        return base * (1.0 - (1.0 - self.lr_end_fraction) * done)
 
 
 class UpdateConfig(_Frozen):

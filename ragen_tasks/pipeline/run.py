@@ -24,6 +24,8 @@ PRODUCER = "ragen_tasks.pipeline"  # the producer named in the manifests the sta
 RESUMABLE_KEYS = (
     "optim.lr",
     "optim.critic_lr",
+    "optim.lr_schedule",
+    "optim.lr_end_fraction",
     "optim.max_grad_norm",
     "optim.weight_decay",
     "optim.max_consecutive_skips",

@@ -47,19 +47,19 @@ def _modules(config: TrainConfig, source: str | Path) -> tuple[torch.nn.Module, 
 
 
 def _wrap(config: TrainConfig, actor: torch.nn.Module, models: Mapping[str, torch.nn.Module]) -> dict[str, TrainModel]:
-    """Each trained module with a fresh AdamW in the configured backend. Wrap only after every weight
-    is loaded: ZeRO copies the weights into its fp32 partitions when it wraps."""
+    """Each trained module with a fresh AdamW in the configured backend (at the first iteration's
+    learning rate; ``set_learning_rates`` sets the rate of the iteration an update runs). Wrap only
+    after every weight is loaded: ZeRO copies the weights into its fp32 partitions when it wraps."""
     return {
         name: make_train_model(
-            module, make_optimizer(module, lr=_lr(config, name), weight_decay=config.optim.weight_decay), config.optim
+            module,
+            make_optimizer(
+                module, lr=config.optim.lr_at(name, 0, config.iterations), weight_decay=config.optim.weight_decay
+            ),
+            config.optim,
         )
         for name, module in {"actor": actor, **models}.items()
     }
-
-
-def _lr(config: TrainConfig, name: str) -> float:
-    """Learning rate of the optimizer called ``name`` ("actor" or "critic")."""
-    return config.optim.lr if name == "actor" else config.optim.critic_lr
 
 
 def build_trainer(config: TrainConfig, source: str | Path) -> Trainer:
@@ -117,8 +117,8 @@ def _prune_and_publish(run: Run, step: int) -> None:
 
 def load_trainer(run: Run, step: int) -> Trainer:
     """Weights, optimizer state and shuffling RNG of checkpoint ``step`` (weights first, then the
-    backend wraps, then the optimizer state goes in through the wrapper). The learning rates of the
-    config in force win over the saved ones (a guard mitigation may have lowered them)."""
+    backend wraps, then the optimizer state goes in through the wrapper). The optimizers keep the
+    saved learning rates: the update sets its iteration's (``set_learning_rates``)."""
     ranks = current_ranks()
     if ranks.local_rank == 0:  # one fetch per node from an s3:// store; the node's other ranks wait
         run.checkpoint_path(step, verify=False)
@@ -129,18 +129,18 @@ def load_trainer(run: Run, step: int) -> Trainer:
     info = ckpt.load_checkpoint(path, actor=actor, models=models)
     train_models = _wrap(run.config, actor, models)
     ckpt.load_optimizers(path, dict(train_models), ranks=ranks)
-    _set_learning_rates(run.config, train_models)
     generator = torch.Generator().manual_seed(run.config.optim.seed)
     generator.set_state(info.extra_state["generator"])
     return Trainer(actor, tokenizer, models, train_models, generator)
 
 
-def _set_learning_rates(config: TrainConfig, train_models: Mapping[str, TrainModel]) -> None:
-    """The learning rates of the config in force win over the saved ones (a guard mitigation may
-    have lowered them)."""
+def set_learning_rates(config: TrainConfig, train_models: Mapping[str, TrainModel], iteration: int) -> None:
+    """The learning rates of the config in force (a guard mitigation or ``--resume-set`` may have
+    changed them) at ``iteration`` of its ``optim.lr_schedule``, over the ones a checkpoint saved."""
     for name, train_model in train_models.items():
+        lr = config.optim.lr_at("actor" if name == "actor" else "critic", iteration, config.iterations)
         for group in train_model.optimizer.param_groups:
-            group["lr"] = _lr(config, name)
+            group["lr"] = lr
 
 
 class TrainerHandoff:
@@ -155,11 +155,10 @@ class TrainerHandoff:
         self._held: tuple[Path, str, Trainer] | None = None  # (checkpoint folder, fingerprint, trainer)
 
     def take(self, run: Run, step: int) -> Trainer:
-        """The trainer at checkpoint ``step``, with the learning rates of the config in force."""
+        """The trainer at checkpoint ``step``."""
         held, self._held = self._held, None
         if held is None or held[:2] != (run.checkpoint_path(step, verify=False), fingerprint(run, step)):
             return load_trainer(run, step)
-        _set_learning_rates(run.config, held[2].train_models)
         return held[2]
 
     def keep(self, run: Run, trainer: Trainer, step: int) -> None:

@@ -28,6 +28,7 @@ from ragen_tasks.pipeline.trainer import (
     load_trainer,
     republish,
     save_trainer,
+    set_learning_rates,
     step_missing,
 )
 from ragen_tasks.training import checkpoint as ckpt
@@ -83,8 +84,10 @@ def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> d
         metrics = dict(recorded.get("update_metrics", {"checkpoint/step": float(new_step)}))
     else:
         trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
+        set_learning_rates(config, trainer.train_models, iteration)
         ckpt.seed_global_rngs(config.seed, new_step)  # rng.pt: the same whether the trainer was loaded or handed on
         metrics = _train(run, iteration, trainer, step)
+        metrics["actor/lr"] = config.optim.lr_at("actor", iteration, config.iterations)
         metrics["checkpoint/step"] = float(new_step)
         save_trainer(run, trainer, new_step, metadata={"update_metrics": json_floats(metrics)})
         if handoff is not None:

@@ -1,10 +1,15 @@
-"""The trainer's lifecycle as library calls (no Prefect): the warm-start cache."""
+"""The trainer's lifecycle as library calls (no Prefect): the warm-start cache; the learning rate
+each update steps at."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
 from ragen_tasks import pipeline
+from ragen_tasks.config import OptimConfig
 from ragen_tasks.presets import load_config
 from tests.conftest import TINY_RUN
 
@@ -45,3 +50,36 @@ def test_a_fixed_warm_start_seed_shares_one_warm_start_across_run_seeds(tmp_path
     keys = {pipeline.warm_start_key(_run(tmp_path, f"s{s}", seed=s, **shared).config) for s in (0, 1, 2)}
     assert keys == {pipeline.warm_start_key(_run(tmp_path, "plain").config)}  # seed 0's own warm start
     assert pipeline.warm_start_key(_run(tmp_path, "s1", seed=1, **{"warm_start.seed": 1}).config) not in keys
+
+
+def test_lr_at_decays_linearly_from_the_base_rate_over_the_run() -> None:
+    optim = OptimConfig(lr=1e-3, critic_lr=4e-3, lr_schedule="linear", lr_end_fraction=0.2)
+    actor = [optim.lr_at("actor", i, 4) for i in range(5)]
+    assert actor == pytest.approx([1e-3, 0.8e-3, 0.6e-3, 0.4e-3, 0.2e-3])  # the 5th: after the last update
+    assert optim.lr_at("critic", 2, 4) == pytest.approx(2.4e-3)
+    assert optim.lr_at("actor", 9, 4) == pytest.approx(0.2e-3)  # past the end it stays at the end rate
+    constant = OptimConfig(lr=1e-3, critic_lr=4e-3)
+    assert {constant.lr_at("actor", i, 4) for i in range(6)} == {1e-3}
+
+
+def test_each_update_steps_at_its_iterations_scheduled_rate_whether_loaded_or_handed_on(tmp_path: Path) -> None:
+    """The rate the optimizers stepped with is the one they saved in the next checkpoint; updates
+    that load the trainer from its checkpoint (``handoff=None``) and updates that take it from the
+    previous one must both step at their own iteration's rate, never at a saved one."""
+    decay = {"optim.lr_schedule": "linear", "optim.lr_end_fraction": 0.5, "optim.lr": 1e-3, "optim.critic_lr": 2e-3}
+    run = _run(tmp_path, "decay", iterations=4, **{"algo.advantage": "gae", **decay})
+    pipeline.init_run(run)
+    handoff = pipeline.TrainerHandoff()
+    for k, handed in enumerate((None, handoff, handoff)):
+        generated, rolled = pipeline.generate_tasks(run, k), pipeline.rollout(run, k)
+        batch = pipeline.filter_and_validate(run, k)
+        metrics = pipeline.update(run, k, handed)
+        row = pipeline.iteration_row(run, k, generated=generated, rolled=rolled, batch=batch, updated=metrics)
+        pipeline.record_iteration(run, k, row)
+        saved = {
+            name: torch.load(run.checkpoint_path(k + 1) / f"optim_{name}.pt", weights_only=False)["param_groups"][0]["lr"]
+            for name in ("actor", "critic")
+        }
+        fraction = 1 - 0.5 * k / 4
+        assert saved == pytest.approx({"actor": 1e-3 * fraction, "critic": 2e-3 * fraction}), k
+        assert metrics["actor/lr"] == pytest.approx(1e-3 * fraction)
