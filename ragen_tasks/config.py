@@ -268,11 +268,13 @@ class OptimConfig(_Frozen):
         "float32", description="update compute dtype: bfloat16 = torch.autocast (weights and optimizer stay float32)"
     )
 
-    def lr_at(self, name: Literal["actor", "critic"], iteration: int, iterations: int) -> float:
+    def lr_at(self, name: str, iteration: int, iterations: int) -> float:
         """Learning rate of the ``name`` optimizer for the update of ``iteration`` (0-based) in a run of
         ``iterations``: under the linear schedule the update of iteration i steps at
         ``base * (1 - (1 - lr_end_fraction) * i / iterations)``, so the first update steps at the base rate
         and the rate after the last one would be ``base * lr_end_fraction``."""
+        if name not in ("actor", "critic"):
+            raise ValueError(f"no learning rate for an optimizer called {name!r}: expected 'actor' or 'critic'")
         base = self.lr if name == "actor" else self.critic_lr
         if self.lr_schedule == "constant":
             return base

@@ -138,7 +138,7 @@ def set_learning_rates(config: TrainConfig, train_models: Mapping[str, TrainMode
     """The learning rates of the config in force (a guard mitigation or ``--resume-set`` may have
     changed them) at ``iteration`` of its ``optim.lr_schedule``, over the ones a checkpoint saved."""
     for name, train_model in train_models.items():
-        lr = config.optim.lr_at("actor" if name == "actor" else "critic", iteration, config.iterations)
+        lr = config.optim.lr_at(name, iteration, config.iterations)
         for group in train_model.optimizer.param_groups:
             group["lr"] = lr
 
