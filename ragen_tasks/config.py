@@ -236,8 +236,8 @@ class OptimConfig(_Frozen):
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant",
         description="learning rates over the run's iterations: constant, or linear decay from optim.lr / critic_lr "
-        "at the first iteration towards lr_end_fraction of them after the last (a run extended by more iterations "
-        "stretches the decay that is left)",
+        "at the first iteration towards lr_end_fraction of them after the last (a function of the iteration and "
+        "`iterations`: a run resumed with more iterations continues on the longer schedule, from a higher rate)",
     )
     lr_end_fraction: float = Field(
         0.0,
