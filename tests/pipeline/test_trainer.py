@@ -58,7 +58,7 @@ def test_lr_at_decays_linearly_from_the_base_rate_over_the_run() -> None:
     assert actor == pytest.approx([1e-3, 0.8e-3, 0.6e-3, 0.4e-3, 0.2e-3])  # the 5th: after the last update
     assert optim.lr_at("critic", 2, 4) == pytest.approx(2.4e-3)
     assert optim.lr_at("actor", 9, 4) == pytest.approx(0.2e-3)  # past the end it stays at the end rate
-    with pytest.raises(ValueError, match="'value'.*expected 'actor' or 'critic'"):
+    with pytest.raises(ValueError, match=r"'value'.*expected 'actor' or 'critic'"):
         optim.lr_at("value", 0, 4)
     constant = OptimConfig(lr=1e-3, critic_lr=4e-3)
     assert {constant.lr_at("actor", i, 4) for i in range(6)} == {1e-3}
