@@ -134,13 +134,15 @@ def load_trainer(run: Run, step: int) -> Trainer:
     return Trainer(actor, tokenizer, models, train_models, generator)
 
 
-def set_learning_rates(config: TrainConfig, train_models: Mapping[str, TrainModel], iteration: int) -> None:
-    """The learning rates of the config in force (a guard mitigation or ``--resume-set`` may have
-    changed them) at ``iteration`` of its ``optim.lr_schedule``, over the ones a checkpoint saved."""
+def set_learning_rates(config: TrainConfig, train_models: Mapping[str, TrainModel], iteration: int) -> dict[str, float]:
+    """Set the learning rates of the config in force (a guard mitigation or ``--resume-set`` may have
+    changed them) at ``iteration`` of its ``optim.lr_schedule``, over the ones a checkpoint saved.
+    Returns the rate set per model name."""
+    rates = {name: config.optim.lr_at(name, iteration, config.iterations) for name in train_models}
     for name, train_model in train_models.items():
-        lr = config.optim.lr_at(name, iteration, config.iterations)
         for group in train_model.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = rates[name]
+    return rates
 
 
 class TrainerHandoff:

@@ -84,10 +84,10 @@ def update(run: Run, iteration: int, handoff: TrainerHandoff | None = None) -> d
         metrics = dict(recorded.get("update_metrics", {"checkpoint/step": float(new_step)}))
     else:
         trainer = handoff.take(run, step) if handoff is not None else load_trainer(run, step)
-        set_learning_rates(config, trainer.train_models, iteration)
+        rates = set_learning_rates(config, trainer.train_models, iteration)
         ckpt.seed_global_rngs(config.seed, new_step)  # rng.pt: the same whether the trainer was loaded or handed on
         metrics = _train(run, iteration, trainer, step)
-        metrics["actor/lr"] = config.optim.lr_at("actor", iteration, config.iterations)
+        metrics["actor/lr"] = rates["actor"]
         metrics["checkpoint/step"] = float(new_step)
         save_trainer(run, trainer, new_step, metadata={"update_metrics": json_floats(metrics)})
         if handoff is not None:
