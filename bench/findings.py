@@ -12,7 +12,8 @@
   number of optimizer steps, but the last updates learn from rollouts K-1 rounds old). Filter and
   minibatch size are unchanged.
 * ``granularity``: actions per turn (``agent.max_actions_per_turn``) 1 / 2 / 3 / 5 with the same
-  episode budget (each setting has its own warm start: the demonstrations follow the agent's turn).
+  episode budget (each setting has its own warm start: the demonstrations follow the agent's turn;
+  the preset's own setting is the preset's run, the one ``bench/science.py`` makes).
 
 Every run is ``ragen train PRESET --set seed=S --set ...`` (as a user would run it, wall time
 measured); held-out success comes from the run's own summary (``eval.seeds`` seeds from
@@ -67,6 +68,7 @@ def measured(summary: dict[str, Any], store: Path, wall: float) -> dict[str, Any
     rows = pipeline.history(run)
     env = next(iter(summary["eval_after_rl"]))
     fired, rules = first_firing(rows, guard.rules(run.config.guard))
+    reference = summary.get("reference", {}).get(env, {})  # random play and the ceiling on the same seeds
 
     def ratio(key: str) -> float:
         """The metric at the last iteration that has it over its value at the first."""
@@ -78,6 +80,8 @@ def measured(summary: dict[str, Any], store: Path, wall: float) -> dict[str, Any
         "before": summary["eval_before_rl"][env]["success"],
         "after": summary["eval_after_rl"][env]["success"],
         "z": summary.get("rl_gain_z", {}).get(env, math.nan),
+        "random": reference.get("random", math.nan),
+        "ceiling": reference.get("ceiling", math.nan),
         "fired": fired,
         "rules": rules,
         "drop": success_drop(rows, fraction=0.5, patience=2),
@@ -100,7 +104,9 @@ def variants(finding: str, preset: str, args: argparse.Namespace) -> list[tuple[
         stale = [f"rollout.groups={config.rollout.groups * k}", f"iterations={max(1, config.iterations // k)}"]
         stale += [f"eval.every={max(1, config.eval.every // k)}"]
         return [("Online-1", []), (f"Online-{k}", stale)]
-    return [(f"{n} action(s)/turn", [f"agent.max_actions_per_turn={n}"]) for n in args.actions]
+    # The preset's own setting is the preset's run (no override), shared with bench/science.py's.
+    own = load_config(preset, []).agent.max_actions_per_turn
+    return [(f"{n} action(s)/turn", [] if n == own else [f"agent.max_actions_per_turn={n}"]) for n in args.actions]
 
 
 def per_seed(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
@@ -112,14 +118,15 @@ def table(finding: str, preset: str, results: dict[str, list[dict[str, Any]]]) -
         f"**{finding}** on `{preset}` (held-out success before -> after RL per seed; detector = first "
         "Echo-Trap firing (rules); drop = first iteration with rollout success < half of iteration 0's)",
         "",
-        "| arm | before | after (per seed) | mean after | z per seed | detector | drop | entropy end/start "
-        "| in-group std end/start | wall (min) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | random / ceiling | before | after (per seed) | mean after | z per seed | detector | drop "
+        "| entropy end/start | in-group std end/start | wall (min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in results.items():
         detector = " / ".join(f"{r['fired']} ({','.join(r['rules']) or '-'})" for r in runs)
         lines.append(
-            f"| {label} | {statistics.fmean(r['before'] for r in runs):.3f} | {per_seed(runs, 'after', '.3f')} "
+            f"| {label} | {runs[0]['random']:.3f} / {runs[0]['ceiling']:.3f} "
+            f"| {statistics.fmean(r['before'] for r in runs):.3f} | {per_seed(runs, 'after', '.3f')} "
             f"| {statistics.fmean(r['after'] for r in runs):.3f} | {per_seed(runs, 'z', '+.1f')} | {detector} "
             f"| {' / '.join(str(r['drop']) for r in runs)} | {per_seed(runs, 'entropy_ratio', '.2f')} "
             f"| {per_seed(runs, 'std_ratio', '.2f')} | {per_seed(runs, 'wall_min', '.1f')} |"
