@@ -54,18 +54,20 @@ def train(
     preset: str, seed: int, store: Path, overrides: list[str], *, tag: str = "science"
 ) -> tuple[dict[str, Any], float, float]:
     """Run ``ragen train`` as a user would; return (summary.json, wall seconds, CPU seconds). A run
-    that already finished in ``store`` (same run id) is read back with the times it took then.
+    that already finished in ``store`` (same run id, same settings) is read back with the times it took then.
 
     Beside the wall time, the run's CPU seconds (its process tree's user + system time) are printed
     and kept: with ``OMP_NUM_THREADS=1`` they are the run's wall time on an otherwise idle core,
     a measure that stays honest when other work shares the machine."""
     run_id = f"{tag}-{Path(preset).stem}-s{seed}"
     summary_path, wall_path = store / run_id / "summary.json", store / run_id / TIMES
+    settings = [f"seed={seed}", *overrides]
     if summary_path.exists() and wall_path.exists():
+        check_same_settings(store / run_id, preset, settings)
         return json.loads(summary_path.read_text()), *kept_times(store / run_id)
     ragen = str(Path(sys.executable).parent / "ragen")  # the console script installed beside this Python
     command = [ragen, "train", preset, "--run-id", run_id, "--store", str(store)]
-    command += ["--set", f"seed={seed}", *(item for o in overrides for item in ("--set", o))]
+    command += [item for setting in settings for item in ("--set", setting)]
     print("$", " ".join(command), flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -76,6 +78,22 @@ def train(
     print(f"{run_id}: wall {wall / 60:.1f} min, CPU {cpu / 60:.1f} min", flush=True)
     wall_path.write_text(f"{wall:.1f} wall_s {cpu:.1f} cpu_s\n")
     return json.loads(summary_path.read_text()), wall, cpu
+
+
+def check_same_settings(run_dir: Path, preset: str, settings: list[str]) -> None:
+    """Refuse to read back a finished run made with other settings than ``preset`` + ``settings``
+    (the store it was written to aside): a table would silently mix in someone else's run."""
+    from ragen_tasks import pipeline
+    from ragen_tasks.presets import load_config
+
+    made = pipeline.open_existing_run(str(run_dir)).config.model_dump(mode="json", exclude={"store"})
+    wanted = load_config(preset, settings).model_dump(mode="json", exclude={"store"})
+    differing = sorted(key for key in made.keys() | wanted.keys() if made.get(key) != wanted.get(key))
+    if differing:
+        raise SystemExit(
+            f"{run_dir} was made with other settings than {preset} --set {' --set '.join(settings)} "
+            f"(they differ in {', '.join(differing)}): pass the run's --set values, or use another --store"
+        )
 
 
 def success(checkpoint: Path, env: str, seeds: int, offset: int, temperature: float) -> float:
