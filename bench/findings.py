@@ -124,11 +124,12 @@ def table(finding: str, preset: str, results: dict[str, list[dict[str, Any]]]) -
     ]
     for label, runs in results.items():
         detector = " / ".join("never" if r["fired"] is None else f"{r['fired']} ({','.join(r['rules'])})" for r in runs)
+        drop = " / ".join("never" if r["drop"] is None else str(r["drop"]) for r in runs)
         lines.append(
             f"| {label} | {runs[0]['random']:.3f} / {runs[0]['ceiling']:.3f} "
             f"| {statistics.fmean(r['before'] for r in runs):.3f} | {per_seed(runs, 'after', '.3f')} "
             f"| {statistics.fmean(r['after'] for r in runs):.3f} | {per_seed(runs, 'z', '+.1f')} | {detector} "
-            f"| {' / '.join('never' if r['drop'] is None else str(r['drop']) for r in runs)} | {per_seed(runs, 'entropy_ratio', '.2f')} "
+            f"| {drop} | {per_seed(runs, 'entropy_ratio', '.2f')} "
             f"| {per_seed(runs, 'std_ratio', '.2f')} | {per_seed(runs, 'wall_min', '.1f')} |"
         )
     return "\n".join(lines)
