@@ -58,7 +58,7 @@ def _keep_saved_pre_tokenizer(tokenizer: Any, source: str) -> Any:
     wanted = json.loads(saved.read_text(encoding="utf-8")).get("pre_tokenizer")
     if json.loads(backend.to_str()).get("pre_tokenizer") == wanted:
         return tokenizer
-    logger.warning(
+    logger.info(  # expected for a tokenizer with its own split, e.g. the ``tiny-cells`` preset
         "%s swapped the saved pre-tokenizer of %s; reloading tokenizer.json as is", type(tokenizer).__name__, source
     )
     return PreTrainedTokenizerFast.from_pretrained(source)

@@ -1,7 +1,10 @@
 """Named model presets: Qwen2-architecture models built from a config with a seeded random init.
 
 ``tiny`` (~150k parameters) trains on CPU in minutes; ``base`` (~0.9M) reads boards better at ~5x
-the cost; ``small`` (~3M) is the benchmark's larger point. Both share the locally trained tokenizer (``tokenizer.py``). A preset is built once into a
+the cost; ``small`` (~3M) is the benchmark's larger point. All share the locally trained tokenizer
+(``tokenizer.py``); ``tiny-cells`` is ``tiny`` with that tokenizer splitting boards into one token
+per cell (measured worse than ``tiny`` on the paper's Sokoban, equal on FrozenLake:
+bench/RESULTS.md, "One token per board cell"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
@@ -36,11 +39,15 @@ class PresetSpec:
     vocab_size: int = 1024  # tokenizer training target; the model's vocab is the tokenizer's length
     max_position_embeddings: int = 4096
     seed: int = 0  # random init seed
+    board_cells: bool = False  # tokenizer: one token per board cell (tokenizer.build_tokenizer)
 
 
 PRESETS: dict[str, PresetSpec] = {
     "tiny": PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
     "base": PresetSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
+    "tiny-cells": PresetSpec(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, board_cells=True
+    ),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
@@ -56,7 +63,7 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     spec = PRESETS[name]
-    tokenizer = build_tokenizer(vocab_size=spec.vocab_size)
+    tokenizer = build_tokenizer(vocab_size=spec.vocab_size, board_cells=spec.board_cells)
     model = qwen2_model(
         spec, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

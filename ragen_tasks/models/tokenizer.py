@@ -64,6 +64,11 @@ System, user, assistant, observation, instruction, example, response, maximum, m
 """
 _BOARD_SYMBOLS = ("#", "_", "O", "X", "√", "P", "S", "G")
 
+#: One pre-token per board cell: a board symbol followed by another board symbol or the end of a
+#: line. Inside words (``Observation``, ``Phoenix``) and before punctuation (the legend's ``P:``)
+#: the letters stay part of the word, so only the grid is split, never the prose or the answers.
+BOARD_CELL_REGEX = f"[{''.join(_BOARD_SYMBOLS)}](?=[{''.join(_BOARD_SYMBOLS)}]|$)"
+
 
 def _builtin_corpus() -> list[str]:
     """Deterministic sample text covering the boards, tags, actions, digits and prompt words."""
@@ -121,14 +126,23 @@ def corpus_fingerprint(corpus: list[str]) -> str:
     return hashlib.sha256("\x00".join(corpus).encode()).hexdigest()[:10]
 
 
-def build_tokenizer(vocab_size: int = 1024, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus()``) and wrap it."""
+def build_tokenizer(
+    vocab_size: int = 1024, corpus: list[str] | None = None, *, board_cells: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus()``) and wrap it.
+
+    ``board_cells``: split a game board into one token per cell (``BOARD_CELL_REGEX``) before BPE,
+    so that a cell's token does not depend on its neighbours (by default BPE merges runs such as
+    ``###`` or ``#P`` into one token, and the model must learn every merged piece's layout).
+    """
     if vocab_size < 300:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 300 (256 bytes + specials)")
     corpus = training_corpus() if corpus is None else corpus
     tok = Tokenizer(models.BPE())
+    cell_split = [pre_tokenizers.Split(Regex(BOARD_CELL_REGEX), behavior="isolated")] if board_cells else []
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            *cell_split,
             pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]

@@ -87,3 +87,45 @@ def test_swapped_pre_tokenizer_is_detected_and_reloaded(tok, tmp_path) -> None:
             assert reloaded.encode(text) == tok.encode(text), text
     finally:
         tok.backend_tokenizer.pre_tokenizer = build_tokenizer().backend_tokenizer.pre_tokenizer
+
+
+@pytest.fixture(scope="module")
+def cell_tok():
+    return build_tokenizer(board_cells=True)
+
+
+@pytest.mark.parametrize("game", ["sokoban", "frozen_lake"])
+def test_board_cells_are_one_token_each(cell_tok, tok, game) -> None:
+    """With ``board_cells`` every cell of a rendered board is its own token; the default merges runs."""
+    from ragen_tasks import envs
+
+    env = envs.make(game)
+    for seed in range(5):
+        board, _ = env.reset(seed=seed)
+        rows = str(board).split("\n")
+        pieces = [cell_tok.decode([i]) for i in cell_tok.encode(str(board))]
+        assert pieces == [piece for row in rows for piece in (*row, "\n")][:-1], (game, seed)
+        assert len(tok.encode(str(board))) < len(pieces)  # the default tokenizer merges cells
+
+
+def test_board_cells_leave_prose_and_answers_alone(cell_tok, tok) -> None:
+    """Board letters inside words and before punctuation are not split: prose and answers tokenize alike."""
+    for text in (
+        "Observation: P: player, O: target, X: box.",
+        "<think>Phoenix pays.</think><answer>Up || Down</answer>",
+    ):
+        assert cell_tok.tokenize(text) == tok.tokenize(text), text
+    for text in TEXTS:
+        assert cell_tok.decode(cell_tok.encode(text)) == text
+
+
+def test_board_cell_preset_reloads_with_its_split(tmp_path) -> None:
+    """``tiny-cells`` comes back from its cache folder with the cell split, not Qwen's (ids unchanged)."""
+    from ragen_tasks.models.loading import load_tokenizer
+    from ragen_tasks.models.presets import ensure_preset
+
+    folder = ensure_preset("tiny-cells", cache_dir=tmp_path)
+    reloaded = load_tokenizer(str(folder))
+    fresh = build_tokenizer(board_cells=True)
+    for text in TEXTS:
+        assert reloaded.encode(text) == fresh.encode(text), text
