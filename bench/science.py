@@ -86,13 +86,14 @@ def check_same_settings(run_dir: Path, preset: str, settings: list[str]) -> None
     from ragen_tasks import pipeline
     from ragen_tasks.presets import load_config
 
-    made = pipeline.open_existing_run(str(run_dir)).config.model_dump(mode="json", exclude={"store"})
-    wanted = load_config(preset, settings).model_dump(mode="json", exclude={"store"})
-    differing = sorted(key for key in made.keys() | wanted.keys() if made.get(key) != wanted.get(key))
-    if differing:
+    made = pipeline.open_existing_run(str(run_dir)).config.model_dump(mode="json")
+    wanted = load_config(preset, settings).model_dump(mode="json")
+    differences = pipeline.config_differences(made, wanted, free=["store"])
+    if differences:
+        shown = ", ".join(f"{key} ({was!r} in the run, {now!r} asked for)" for key, was, now in differences[:5])
         raise SystemExit(
             f"{run_dir} was made with other settings than {preset} --set {' --set '.join(settings)} "
-            f"(they differ in {', '.join(differing)}): pass the run's --set values, or use another --store"
+            f"(they differ in {shown}): pass the run's --set values, or use another --store"
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -192,18 +192,31 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_differences(
+    stored: Mapping[str, Any], current: Mapping[str, Any], *, free: Sequence[str] = ()
+) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, stored value, current value)`` for every leaf key whose values differ, sorted by
+    key; a key in ``free``, or under one (``store`` frees ``store.root``), is not compared."""
+    a, b = _flat(stored), _flat(current)
+
+    def is_free(key: str) -> bool:
+        return any(key == f or key.startswith(f + ".") for f in free)
+
+    keys = sorted(k for k in a.keys() | b.keys() if not is_free(k) and a.get(k) != b.get(k))
+    return [(k, a.get(k), b.get(k)) for k in keys]
+
+
 def check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
     """Resuming with another config would silently mix two experiments: refuse, naming the keys and
     the values. ``iterations`` may grow (extend a finished run); the store may have moved;
     ``RESUMABLE_KEYS`` change only through ``--resume-set`` (recorded)."""
-    a, b = _flat(stored), _flat(current)
-    diffs = sorted(k for k in set(a) | set(b) if k not in _RESUME_FREE and a.get(k) != b.get(k))
-    if diffs:
-        shown = ", ".join(f"{k} ({a.get(k)!r} in the run, {b.get(k)!r} now)" for k in diffs[:5])
+    differences = config_differences(stored, current, free=_RESUME_FREE)
+    if differences:
+        shown = ", ".join(f"{k} ({was!r} in the run, {now!r} now)" for k, was, now in differences[:5])
         hint = ""
-        if all(k in RESUMABLE_KEYS for k in diffs):
+        if all(k in RESUMABLE_KEYS for k, _, _ in differences):
             hint = "; to change it for the rest of this run, resume with " + " ".join(
-                f"--resume-set {k}={b.get(k)}" for k in diffs
+                f"--resume-set {k}={now}" for k, _, now in differences
             )
         raise ConfigError(
             f"run {where} already exists with a different config (differs in: {shown}){hint}; "

@@ -183,3 +183,17 @@ def test_a_warn_guard_protects_no_rollback_targets(tmp_path: Path) -> None:
     assert pipeline.run_in_force(run, 2).protect_steps == {2}  # only the step iteration 2 samples with
     stopping = _open(tmp_path, "warn", **{"guard.action": "stop"})
     assert pipeline.run_in_force(stopping, 2).protect_steps > {2}
+
+
+def test_config_differences_names_leaf_keys_and_skips_free_ones() -> None:
+    """Leaf keys with both values, sorted; a free key frees everything under it, not its namesakes."""
+    made = load_config("bandit-tiny", []).model_dump(mode="json")
+    asked = load_config("bandit-tiny", ["optim.lr=0.5", "store.root=/elsewhere", "seed=3"]).model_dump(mode="json")
+    assert pipeline.config_differences(made, asked, free=["store"]) == [
+        ("optim.lr", made["optim"]["lr"], 0.5),
+        ("seed", made["seed"], 3),
+    ]
+    assert ("store.root", made["store"]["root"], "/elsewhere") in pipeline.config_differences(made, asked)
+    assert pipeline.config_differences(made, asked, free=["sto", "optim.lr", "seed"]) == [
+        ("store.root", made["store"]["root"], "/elsewhere")
+    ]
