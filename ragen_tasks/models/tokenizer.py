@@ -3,7 +3,8 @@
 Byte-level BPE means ANY text encodes (unknown characters fall back to bytes), so the tokenizer
 never fails on a board symbol it has not seen. It is trained on a fixed built-in corpus: sample
 boards in the games' symbol sets, the answer tags, action names, digits and the prompt words,
-plus the renders of the registered games when ``ragen_tasks.envs`` provides them.
+plus the renders of the registered games when ``ragen_tasks.envs`` provides them. BPE merges runs
+of board symbols (``###``, ``#P``) into single tokens; ``board_cells=True`` keeps one token per cell.
 
 The answer tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``, ``||``) are added tokens:
 each is exactly one id, which makes stopping at ``</answer>`` a one-token check. They are not
