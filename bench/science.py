@@ -88,9 +88,10 @@ def check_same_settings(run_dir: Path, preset: str, settings: list[str]) -> None
 
     made = pipeline.open_existing_run(str(run_dir)).config.model_dump(mode="json")
     wanted = load_config(preset, settings).model_dump(mode="json")
-    differences = pipeline.config_differences(made, wanted, free=["store"])
+    differences = pipeline.config_differences(made, wanted, free=("store",))
     if differences:
         shown = ", ".join(f"{key} ({was!r} in the run, {now!r} asked for)" for key, was, now in differences[:5])
+        shown += f" and {len(differences) - 5} more" if len(differences) > 5 else ""
         raise SystemExit(
             f"{run_dir} was made with other settings than {preset} --set {' --set '.join(settings)} "
             f"(they differ in {shown}): pass the run's --set values, or use another --store"

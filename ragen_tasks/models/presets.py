@@ -1,9 +1,9 @@
 """Named model presets: Qwen2-architecture models built from a config with a seeded random init.
 
 ``tiny`` (~150k parameters) trains on CPU in minutes; ``base`` (~0.9M) reads boards better at ~5x
-the cost; ``small`` (~3M) is the benchmark's larger point. All share the locally trained tokenizer
-(``tokenizer.py``); ``tiny-cells`` is ``tiny`` with that tokenizer splitting boards into one token
-per cell (measured worse than ``tiny`` on the paper's Sokoban, equal on FrozenLake:
+the cost; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer trained locally on
+the same corpus (``tokenizer.py``); ``tiny-cells`` is ``tiny`` with a tokenizer that splits boards
+into one token per cell (its own vocabulary) (measured worse than ``tiny`` on the paper's Sokoban, equal on FrozenLake:
 bench/RESULTS.md, "One token per board cell"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.

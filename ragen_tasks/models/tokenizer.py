@@ -12,7 +12,8 @@ each is exactly one id, which makes stopping at ``</answer>`` a one-token check.
 
 The wrapper is a ``PreTrainedTokenizerFast``. ``AutoTokenizer`` on a folder with a ``qwen2``
 config picks ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen's regex split;
-we train with that same split, and ``loading.load_policy`` also checks the loaded pre-tokenizer
+we train with that same split (except with ``board_cells``, whose extra split only the reload
+below preserves), and ``loading.load_policy`` also checks the loaded pre-tokenizer
 against ``tokenizer.json`` and reloads the file verbatim on any mismatch.
 """
 
@@ -66,8 +67,9 @@ System, user, assistant, observation, instruction, example, response, maximum, m
 _BOARD_SYMBOLS = ("#", "_", "O", "X", "√", "P", "S", "G")
 
 #: One pre-token per board cell: a board symbol followed by another board symbol or the end of a
-#: line. Inside words (``Observation``, ``Phoenix``) and before punctuation (the legend's ``P:``)
-#: the letters stay part of the word, so only the grid is split, never the prose or the answers.
+#: line. Inside words (``Observation``, ``Phoenix``) and before punctuation or spaces (the legend's
+#: ``P = player``) the letters stay part of the word, so none of the games' prompt text or answers
+#: is split (tested). Other text can be: runs of these capitals (``GPS``) or one ending a line (``UP``).
 BOARD_CELL_REGEX = f"[{''.join(_BOARD_SYMBOLS)}](?=[{''.join(_BOARD_SYMBOLS)}]|$)"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -193,7 +193,7 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(
-    stored: Mapping[str, Any], current: Mapping[str, Any], *, free: Sequence[str] = ()
+    stored: Mapping[str, Any], current: Mapping[str, Any], *, free: tuple[str, ...] = ()
 ) -> list[tuple[str, Any, Any]]:
     """``(dotted key, stored value, current value)`` for every leaf key whose values differ, sorted by
     key; a key in ``free``, or under one (``store`` frees ``store.root``), is not compared."""
@@ -213,6 +213,7 @@ def check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], whe
     differences = config_differences(stored, current, free=_RESUME_FREE)
     if differences:
         shown = ", ".join(f"{k} ({was!r} in the run, {now!r} now)" for k, was, now in differences[:5])
+        shown += f" and {len(differences) - 5} more" if len(differences) > 5 else ""
         hint = ""
         if all(k in RESUMABLE_KEYS for k, _, _ in differences):
             hint = "; to change it for the rest of this run, resume with " + " ".join(

@@ -108,15 +108,40 @@ def test_board_cells_are_one_token_each(cell_tok, tok, game) -> None:
         assert len(tok.encode(str(board))) < len(pieces)  # the default tokenizer merges cells
 
 
-def test_board_cells_leave_prose_and_answers_alone(cell_tok, tok) -> None:
-    """Board letters inside words and before punctuation are not split: prose and answers tokenize alike."""
-    for text in (
-        "Observation: P: player, O: target, X: box.",
-        "<think>Phoenix pays.</think><answer>Up || Down</answer>",
-    ):
-        assert cell_tok.tokenize(text) == tok.tokenize(text), text
-    for text in TEXTS:
-        assert cell_tok.decode(cell_tok.encode(text)) == text
+@pytest.mark.parametrize("game", ["sokoban", "frozen_lake", "bandit"])
+def test_board_cells_leave_the_prompt_text_and_answers_alone(cell_tok, tok, game) -> None:
+    """Only the board is split: the prompt's other lines (legend, actions, format) and an answer
+    pre-tokenize exactly as with the default tokenizer, and a board before ``<|im_end|>`` still splits."""
+    from ragen_tasks import envs
+    from ragen_tasks.agent.prompts import initial_messages
+
+    env = envs.make(game)
+    board, _ = env.reset(seed=0)
+    prompt = initial_messages(
+        env_name=game,
+        action_names=env.action_names,
+        legend=env.legend,
+        board=str(board),
+        turns_left=5,
+        actions_left=10,
+        max_actions_per_turn=3,
+        think=True,
+    )
+    text = prompt[0]["content"] + "\n" + prompt[1]["content"].split("Board:\n")[0]
+    answer = (
+        f"<think>{env.action_names[0]} first.</think><answer>{env.action_names[0]} || {env.action_names[-1]}</answer>"
+    )
+
+    def pieces(tokenizer, text: str) -> list[str]:
+        return [piece for piece, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+    for plain in (text, answer):
+        assert pieces(cell_tok, plain) == pieces(tok, plain), plain
+    if game != "bandit":
+        ids = cell_tok.encode(str(board) + "<|im_end|>")
+        assert len(ids) == len(str(board)) + 1  # every cell and newline one token, then the end marker
+    for sample in TEXTS:
+        assert cell_tok.decode(cell_tok.encode(sample)) == sample
 
 
 def test_board_cell_preset_reloads_with_its_split(tmp_path) -> None:

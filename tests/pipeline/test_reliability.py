@@ -189,11 +189,28 @@ def test_config_differences_names_leaf_keys_and_skips_free_ones() -> None:
     """Leaf keys with both values, sorted; a free key frees everything under it, not its namesakes."""
     made = load_config("bandit-tiny", []).model_dump(mode="json")
     asked = load_config("bandit-tiny", ["optim.lr=0.5", "store.root=/elsewhere", "seed=3"]).model_dump(mode="json")
-    assert pipeline.config_differences(made, asked, free=["store"]) == [
+    assert pipeline.config_differences(made, asked, free=("store",)) == [
         ("optim.lr", made["optim"]["lr"], 0.5),
         ("seed", made["seed"], 3),
     ]
     assert ("store.root", made["store"]["root"], "/elsewhere") in pipeline.config_differences(made, asked)
-    assert pipeline.config_differences(made, asked, free=["sto", "optim.lr", "seed"]) == [
+    assert pipeline.config_differences(made, asked, free=("sto", "optim.lr", "seed")) == [
         ("store.root", made["store"]["root"], "/elsewhere")
     ]
+
+
+def test_a_resume_may_change_the_store_options_but_not_the_settings() -> None:
+    """The store may move or change its options on resume (``store.storage_options`` is free as a whole,
+    nested keys included); anything else is refused, naming at most five keys and how many more."""
+    from ragen_tasks.pipeline.run import check_same_config
+
+    made = load_config("bandit-tiny", ['store.storage_options={"anon": false}']).model_dump(mode="json")
+    moved = load_config("bandit-tiny", ["store.root=/elsewhere"]).model_dump(mode="json")
+    check_same_config(made, moved, "runs/r")
+    changed = load_config(
+        "bandit-tiny",
+        [f"{key}=0.5" for key in ("optim.lr", "optim.critic_lr", "algo.clip_low", "algo.clip_high")]
+        + ["seed=7", "algo.kl_coef=0.5"],
+    ).model_dump(mode="json")
+    with pytest.raises(ConfigError, match=r"optim\.lr \(.* in the run, 0\.5 now\).* and 1 more"):
+        check_same_config(made, changed, "runs/r")
