@@ -90,11 +90,9 @@ def check_same_settings(run_dir: Path, preset: str, settings: list[str]) -> None
     wanted = load_config(preset, settings).model_dump(mode="json")
     differences = pipeline.config_differences(made, wanted, free=("store",))
     if differences:
-        shown = ", ".join(f"{key} ({was!r} in the run, {now!r} asked for)" for key, was, now in differences[:5])
-        shown += f" and {len(differences) - 5} more" if len(differences) > 5 else ""
         raise SystemExit(
-            f"{run_dir} was made with other settings than {preset} --set {' --set '.join(settings)} "
-            f"(they differ in {shown}): pass the run's --set values, or use another --store"
+            f"{run_dir} was made with other settings than {preset} --set {' --set '.join(settings)} (they "
+            f"differ in {pipeline.describe_differences(differences, current='asked for')}): pass the run's --set values, or use another --store"
         )
 
 

@@ -2,9 +2,9 @@
 
 ``tiny`` (~150k parameters) trains on CPU in minutes; ``base`` (~0.9M) reads boards better at ~5x
 the cost; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer trained locally on
-the same corpus (``tokenizer.py``); ``tiny-cells`` is ``tiny`` with a tokenizer that splits boards
-into one token per cell (its own vocabulary) (measured worse than ``tiny`` on the paper's Sokoban, equal on FrozenLake:
-bench/RESULTS.md, "One token per board cell"). A preset is built once into a
+the same corpus (``tokenizer.py``). ``tiny-cells`` is ``tiny`` with a tokenizer that splits boards
+into one token per cell, so its own vocabulary; measured worse than ``tiny`` on the paper's Sokoban
+and equal on FrozenLake (bench/RESULTS.md, "One token per board cell"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,12 +42,12 @@ class PresetSpec:
     board_cells: bool = False  # tokenizer: one token per board cell (tokenizer.build_tokenizer)
 
 
+_TINY = PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
 PRESETS: dict[str, PresetSpec] = {
-    "tiny": PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    "tiny": _TINY,
     "base": PresetSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
-    "tiny-cells": PresetSpec(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, board_cells=True
-    ),
+    "tiny-cells": replace(_TINY, board_cells=True),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 

@@ -206,14 +206,20 @@ def config_differences(
     return [(k, a.get(k), b.get(k)) for k in keys]
 
 
+def describe_differences(differences: list[tuple[str, Any, Any]], *, current: str) -> str:
+    """``config_differences`` in words: the first five keys with both values (``current`` names the
+    second, e.g. "now"), then how many more."""
+    shown = ", ".join(f"{key} ({was!r} in the run, {now!r} {current})" for key, was, now in differences[:5])
+    return shown + (f" and {len(differences) - 5} more" if len(differences) > 5 else "")
+
+
 def check_same_config(stored: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
     """Resuming with another config would silently mix two experiments: refuse, naming the keys and
     the values. ``iterations`` may grow (extend a finished run); the store may have moved;
     ``RESUMABLE_KEYS`` change only through ``--resume-set`` (recorded)."""
     differences = config_differences(stored, current, free=_RESUME_FREE)
     if differences:
-        shown = ", ".join(f"{k} ({was!r} in the run, {now!r} now)" for k, was, now in differences[:5])
-        shown += f" and {len(differences) - 5} more" if len(differences) > 5 else ""
+        shown = describe_differences(differences, current="now")
         hint = ""
         if all(k in RESUMABLE_KEYS for k, _, _ in differences):
             hint = "; to change it for the rest of this run, resume with " + " ".join(
