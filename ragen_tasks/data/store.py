@@ -8,9 +8,10 @@ Commit protocol (design section 6):
 
 1. data objects first: Parquet shards / JSON, named by content hash, so a retry or a racing writer
    never changes bytes that a committed manifest points to;
-2. the manifest LAST and create-only. Locally: the manifest is written to a temp file and
-   ``os.link``-ed to its final name, which fails with EEXIST like ``O_EXCL`` but also never
-   exposes a half-written manifest. On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
+2. the manifest LAST and create-only. Locally: the manifest is written to a file with no name yet
+   and ``os.link``-ed to its final name, which fails with EEXIST like ``O_EXCL`` but also never
+   exposes a half-written manifest (``_write_local_file``; data objects are written the same way,
+   so a writer killed part-way leaves no temp file). On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
    write: S3 answers 412 to every writer but the first; supported by AWS S3 since 2024-08, by
    moto, and by MinIO; an endpoint that ignores the header would degrade to last-writer-wins, so
    the writer re-reads the manifest after the put and reports the one that is stored);
@@ -19,17 +20,20 @@ Commit protocol (design section 6):
    sees the objects written before it; a 412 from a racing writer leaves the first manifest intact.
 
 A writer that finds its manifest already there returns it at once without rewriting anything
-(idempotent retries). Nothing is ever unpickled: data is Parquet or JSON.
+(idempotent retries). The writer that commits an item (or loses the race to) then deletes that
+item's data objects the manifest does not name: what an attempt killed before its commit left. Nothing is ever unpickled: data is Parquet or JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import io
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -488,6 +492,7 @@ class Store:
     def _put_object(
         self, run_id: str, iteration: int, stage: str, stem: str, suffix: str, data: bytes, *, rows: int
     ) -> ObjectEntry:
+        """Write one data object of an item, named ``{stem}-{sha256[:16]}{suffix}`` (``_object_pattern``)."""
         digest = sha256_hex(data)
         name = check_data_file_name(f"{stem}-{digest[:16]}{suffix}")
         key = f"{stage_prefix(run_id, iteration, stage)}/{name}"
@@ -495,14 +500,33 @@ class Store:
         return ObjectEntry(name=name, sha256=digest, size=len(data), rows=rows)
 
     def _commit(self, mkey: str, manifest: Manifest) -> Manifest:
+        """Create the manifest (create-only) and return the one stored: this one, or a racing writer's."""
+        stored = manifest
         if self._create_bytes(mkey, manifest.to_json_bytes()):
             log.debug("committed %s (%d rows)", self._path(mkey), manifest.num_rows)
-            return manifest
-        stored = self._read_manifest_if_any(mkey)
-        if stored is None:
-            raise ManifestError(f"create-only write of {self._path(mkey)} failed but no manifest is there")
-        log.warning("%s was committed by another writer first: returning that manifest", self._path(mkey))
+        else:
+            found = self._read_manifest_if_any(mkey)
+            if found is None:
+                raise ManifestError(f"create-only write of {self._path(mkey)} failed but no manifest is there")
+            log.warning("%s was committed by another writer first: returning that manifest", self._path(mkey))
+            stored = found
+        self._remove_orphans(stored)
         return stored
+
+    def _remove_orphans(self, manifest: Manifest) -> None:
+        """Delete the data objects of ``manifest``'s item that it does not name: what an attempt killed
+        before its commit, or a writer that lost the race to commit, left behind (other bytes, so another
+        name). Only this item's object names are looked at (``_object_pattern``), and only after its
+        manifest is committed, so no object a committed manifest names is ever touched."""
+        prefix = stage_prefix(manifest.run_id, manifest.iteration, manifest.stage)
+        pattern = _object_pattern(manifest.name, manifest.kind)
+        named = {o.name for o in manifest.objects}
+        for path in self.fs.ls(self._path(prefix), detail=False):
+            name = _base_name(path)
+            if pattern.fullmatch(name) and name not in named:
+                log.info("removing %s/%s/%s: no committed manifest names it", self.root_uri, prefix, name)
+                with contextlib.suppress(FileNotFoundError):  # another writer of the item removed it first
+                    self.fs.rm(self._path(f"{prefix}/{name}"))
 
     def _read_manifest_if_any(self, mkey: str) -> Manifest | None:
         try:
@@ -540,49 +564,101 @@ class Store:
         return files
 
     def _put_bytes(self, key: str, data: bytes) -> None:
-        """Write (overwrite) an object. Locally atomic: temp file in the same folder + rename."""
+        """Write (overwrite) an object; locally atomic (``_write_local_file``)."""
         path = self._path(key)
-        if self.protocol != "file":
+        if self.protocol == "file":
+            _write_local_file(path, data, exclusive=False)
+        else:
             self.fs.pipe_file(path, data)
-            return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     def _create_bytes(self, key: str, data: bytes) -> bool:
         """Create-only write: True if this call created the object, False if it already existed."""
         path = self._path(key)
+        if self.protocol == "file":
+            return _write_local_file(path, data, exclusive=True)
         if self.protocol == "s3":
             try:
                 self.fs.pipe_file(path, data, mode="create")  # PutObject with If-None-Match: *
             except FileExistsError:
                 return False
             return True
-        if self.protocol != "file":
-            if self.fs.exists(path):  # other fsspec backends: best effort, not atomic
-                return False
-            self.fs.pipe_file(path, data)
-            return True
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)  # atomic and exclusive: EEXIST if another writer linked first
-            except FileExistsError:
-                return False
-            return True
-        finally:
+        if self.fs.exists(path):  # other fsspec backends: best effort, not atomic
+            return False
+        self.fs.pipe_file(path, data)
+        return True
+
+
+def _write_local_file(path: str, data: bytes, *, exclusive: bool) -> bool:
+    """Give ``data`` the local name ``path`` in one step, so a reader sees all of it or nothing.
+    ``exclusive``: create-only, False if ``path`` already exists (a link fails with EEXIST like
+    ``O_EXCL`` but never exposes a half-written file); else the new file replaces any old one.
+
+    The bytes go to a file that has no name yet (Linux ``O_TMPFILE``), synced, then linked into place,
+    so a writer killed part-way leaves nothing behind (a replacing write links it to a ``.tmp-*`` name
+    and renames that: a kill must land between two system calls to leave it). Where the OS or the file
+    system has no nameless files (macOS, some network file systems) the bytes go to a named ``.tmp-*``
+    file in the same folder, which a kill leaves behind; no manifest names it, so nothing reads it.
+    """
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd = _open_nameless(folder)
+    tmp: str | None = None
+    if fd is None:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            if tmp is None:  # nameless: name it while it is open
+                if exclusive:
+                    return _link(f"/proc/self/fd/{f.fileno()}", path)
+                tmp = f"{folder}/.tmp-{uuid.uuid4().hex[:12]}"
+                _link(f"/proc/self/fd/{f.fileno()}", tmp)
+        if exclusive:
+            return _link(tmp, path)
+        os.replace(tmp, path)
+        return True
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def _open_nameless(folder: str) -> int | None:
+    """A file open for writing in ``folder`` that has no name (Linux ``O_TMPFILE``; it vanishes if the
+    process dies), or None where there is none: not Linux, no ``/proc`` to link it through, or a file
+    system that refuses the flag."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o644)
+    except OSError:  # EOPNOTSUPP, EISDIR or EINVAL, depending on the kernel and the file system
+        return None
+
+
+def _link(source: str, path: str) -> bool:
+    """Hard-link ``source`` to ``path``: True, or False if ``path`` exists. A ``/proc/self/fd/N`` source
+    names an open nameless file; linking it needs ``linkat`` with ``AT_SYMLINK_FOLLOW``, which
+    ``os.link`` calls only when given a folder descriptor (``path``'s folder here; both paths stay
+    absolute). The folder is synced after the link so the new name survives a power cut."""
+    folder_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(source, path, src_dir_fd=folder_fd, follow_symlinks=True)
+        os.fsync(folder_fd)
+    except FileExistsError:
+        return False
+    finally:
+        os.close(folder_fd)
+    return True
+
+
+def _object_pattern(name: str, kind: Kind) -> re.Pattern[str]:
+    """The names ``_put_object`` gives the data objects of item ``name``: ``{name}-{shard:05d}-{hash}.parquet``
+    for trajectories, ``{name}-{hash}.json`` for JSON (``hash``: 16 hex digits of the sha256). Exact per
+    kind, so no other item's objects match (item ``x`` never matches ``x-00001``'s)."""
+    shard = r"-\d{5}" if kind == "trajectories" else ""
+    suffix = ".parquet" if kind == "trajectories" else ".json"
+    return re.compile(f"{re.escape(name)}{shard}-[0-9a-f]{{16}}{re.escape(suffix)}")
 
 
 def _split_root(root: str) -> tuple[str, str]:

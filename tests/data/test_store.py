@@ -100,32 +100,90 @@ _CRASHING_WRITER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     spec = importlib.util.spec_from_file_location("f", {factory!r}); f = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(f)
-    from ragen_tasks.data.store import Store
+    from ragen_tasks.data import store as s
+    die = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1] == "crash":  # die the moment the manifest would be written: data is uploaded, manifest not
-        Store._create_bytes = lambda self, key, data: os.kill(os.getpid(), signal.SIGKILL)
-    Store({root!r}).write_trajectories("run1", 0, "rollouts", f.make_batch(8), producer="w", policy_version=3,
-                                       weights_fingerprint="f" * 64)
+        s.Store._create_bytes = die
+    if sys.argv[1] == "crash-writing":  # die with the data object's bytes written but not yet synced or named
+        s.os.fsync = die
+    seed = 0 if sys.argv[1] == "retry" else 1  # the retry's batch differs (a rollout is sampled again)
+    s.Store({root!r}).write_trajectories("run1", 0, "rollouts", f.make_batch(8, seed=seed), producer="w",
+                                         policy_version=3, weights_fingerprint="f" * 64)
     """
 )
 
 
-def test_writer_killed_between_data_and_manifest(store_root: str, tmp_path: Path) -> None:
+def _run_writer(tmp_path: Path, store_root: str, mode: str) -> int:
     here = Path(__file__).parent
     script = tmp_path / "writer.py"
     script.write_text(_CRASHING_WRITER.format(tests=str(here), factory=str(here / "_factory.py"), root=store_root))
-    crashed = subprocess.run([sys.executable, str(script), "crash"], env=os.environ.copy(), timeout=120)
-    assert crashed.returncode == -9
+    return subprocess.run([sys.executable, str(script), mode], env=os.environ.copy(), timeout=120).returncode
+
+
+def test_writer_killed_between_data_and_manifest(store_root: str, tmp_path: Path) -> None:
+    assert _run_writer(tmp_path, store_root, "crash") == -9
     store = Store(store_root)
-    assert [f for f in _stage_files(store) if f.endswith(".parquet")], "data objects were uploaded before the kill"
+    orphans = [f for f in _stage_files(store) if f.endswith(".parquet")]
+    assert orphans, "data objects were uploaded before the kill"
     assert not store.has_manifest("run1", 0, "rollouts")
     with pytest.raises(ManifestError):
         store.read_trajectories("run1", 0, "rollouts")
-    retry = subprocess.run([sys.executable, str(script), "retry"], env=os.environ.copy(), timeout=120)
-    assert retry.returncode == 0
-    files = _stage_files(store)
-    assert len([f for f in files if f.endswith(".parquet")]) == 1, files  # nothing duplicated
-    assert files.count("trajectories.manifest.json") == 1
+    assert _run_writer(tmp_path, store_root, "retry") == 0
+    manifest = store.read_manifest("run1", 0, "rollouts")
+    # the killed attempt's object (other bytes, other name) went with the retry's commit: nothing orphaned
+    assert _stage_files(store) == sorted([manifest.objects[0].name, "trajectories.manifest.json"])
+    assert manifest.objects[0].name not in orphans
     assert [t.traj_id for t in store.read_trajectories("run1", 0, "rollouts")[0]] == [f"t{i:05d}" for i in range(8)]
+
+
+def test_writer_killed_while_writing_leaves_no_file(tmp_path: Path) -> None:
+    """Locally the bytes are written to a file without a name: a kill before it is linked leaves nothing."""
+    root = f"file://{tmp_path / 'store'}"
+    assert _run_writer(tmp_path, root, "crash-writing") == -9
+    assert _stage_files(Store(root)) == []
+
+
+def test_commit_removes_only_its_own_items_orphans(store_root: str) -> None:
+    store = Store(store_root)
+    folder = "run1/iter_000000/rollouts"
+    planted = {
+        "trajectories-00000-0123456789abcdef.parquet": True,  # this item's, from an attempt killed before commit
+        "trajectories-00001-0123456789abcdef.parquet": True,  # (another shard number)
+        "w-a-000000-00000-0123456789abcdef.parquet": False,  # another item's (a worker still writing)
+        "trajectories-x-00000-0123456789abcdef.parquet": False,  # item "trajectories-x"
+        "trajectories-0123456789abcdef.json": False,  # a JSON item of the same name is another kind
+    }
+    for name in planted:
+        store._put_bytes(f"{folder}/{name}", b"orphan")
+    manifest = store.write_trajectories("run1", 0, "rollouts", factory.make_batch(4), **W)
+    kept = sorted(n for n, doomed in planted.items() if not doomed)
+    assert _stage_files(store) == sorted([*kept, manifest.objects[0].name, "trajectories.manifest.json"])
+    store._put_bytes("run1/iter_000000/summary/summary-fedcba9876543210.json", b"{}")
+    store._put_bytes("run1/iter_000000/summary/summary-x-fedcba9876543210.json", b"{}")
+    summary = store.write_json("run1", 0, "summary", "summary", {"x": 1}, producer="test")
+    assert _stage_files(store, stage="summary") == sorted(
+        ["summary-x-fedcba9876543210.json", summary.objects[0].name, "summary.manifest.json"]
+    )
+
+
+@pytest.mark.parametrize("nameless", [True, False])
+def test_local_writes_are_whole_and_create_only_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nameless: bool
+) -> None:
+    """Both local write paths (a nameless file where the OS has them, a named temp file elsewhere):
+    a replace replaces, a create-only write of a taken name returns False and changes nothing, and
+    no temp file is left behind either way."""
+    from ragen_tasks.data import store as store_module
+
+    if not nameless:
+        monkeypatch.setattr(store_module, "_open_nameless", lambda folder: None)
+    path = str(tmp_path / "a" / "x.json")
+    assert store_module._write_local_file(path, b"one", exclusive=True)
+    assert not store_module._write_local_file(path, b"two", exclusive=True)
+    assert Path(path).read_bytes() == b"one"
+    assert store_module._write_local_file(path, b"three", exclusive=False)
+    assert Path(path).read_bytes() == b"three"
+    assert os.listdir(tmp_path / "a") == ["x.json"]
 
 
 @pytest.mark.parametrize("writers", [8])
@@ -170,6 +228,7 @@ def test_racing_batch_writers_agree_on_one_manifest(store_root: str) -> None:
     winner = int(stored.producer[1:])
     got, _ = store.read_trajectories("run1", 0, "batch")  # the winner's bytes are intact (checksums pass)
     assert [t.input_ids for t in got] == [t.input_ids for t in factory.make_batch(3, seed=winner)]
+    assert _stage_files(store, stage="batch") == [stored.objects[0].name, "trajectories.manifest.json"]  # losers' gone
 
 
 def test_planted_pickle_is_never_loaded(store_root: str, tmp_path: Path) -> None:
