@@ -6,22 +6,24 @@ AWS variables or pod identity; neither keys nor secrets are ever logged). Layout
 
 Commit protocol (design section 6):
 
-1. data objects first: Parquet shards / JSON, named by content hash, so a retry or a racing writer
-   never changes bytes that a committed manifest points to;
-2. the manifest LAST and create-only. Locally: the manifest is written to a file with no name yet
-   and ``os.link``-ed to its final name, which fails with EEXIST like ``O_EXCL`` but also never
-   exposes a half-written manifest (``_write_local_file``; data objects are written the same way,
-   so a writer killed part-way leaves no temp file). On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
+1. data objects first: Parquet shards / JSON, named by content hash and written create-only, so a
+   retry or a racing writer never changes bytes that a committed manifest points to;
+2. the manifest LAST and create-only. Locally every file is written under no name (Linux
+   ``O_TMPFILE``) and linked to its final name once synced: a link fails with EEXIST like
+   ``O_EXCL``, never exposes a half-written file, and a writer killed part-way leaves nothing
+   behind (``_write_local_file``). On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
    write: S3 answers 412 to every writer but the first; supported by AWS S3 since 2024-08, by
-   moto, and by MinIO; an endpoint that ignores the header would degrade to last-writer-wins, so
-   the writer re-reads the manifest after the put and reports the one that is stored);
+   moto, and by MinIO; an endpoint that ignores the header degrades to last-writer-wins between
+   racing writers of one item, which the run lease rules out in practice);
 3. readers trust manifests only, never listings, and check each object's size and sha256. S3 is
    strongly read-after-write consistent (AWS, since 2020-12), so a reader that sees a manifest also
    sees the objects written before it; a 412 from a racing writer leaves the first manifest intact.
 
 A writer that finds its manifest already there returns it at once without rewriting anything
-(idempotent retries). The writer that commits an item (or loses the race to) then deletes that
-item's data objects the manifest does not name: what an attempt killed before its commit left. Nothing is ever unpickled: data is Parquet or JSON.
+(idempotent retries). The writer that commits an item, or loses the race to, then deletes the
+item's data objects the stored manifest does not name: what an attempt killed before its commit
+left (``_remove_orphans``; locally and on S3, whose creates are exclusive). Nothing is ever
+unpickled: data is Parquet or JSON.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ _CHUNK = 8 * 2**20
 # reader allocate whatever it finds, so both are refused above these sizes.
 MAX_MANIFEST_BYTES = 1 * 2**20
 MAX_SMALL_OBJECT = 64 * 2**20
+_FILE_MODE = 0o644  # of every file a local store writes, whichever way it was written
 
 
 class StoreNotWritableError(ValueError):
@@ -496,7 +499,10 @@ class Store:
         digest = sha256_hex(data)
         name = check_data_file_name(f"{stem}-{digest[:16]}{suffix}")
         key = f"{stage_prefix(run_id, iteration, stage)}/{name}"
-        self._put_bytes(key, data)  # same name <=> same bytes, so overwriting on retry is harmless
+        # Same name <=> same bytes: an object already there is this one from an earlier attempt, unless damaged.
+        if not self._create_bytes(key, data) and self.fs.cat_file(self._path(key)) != data:
+            log.warning("%s/%s does not hold the bytes its name says: replacing it", self.root_uri, key)
+            self._put_bytes(key, data)
         return ObjectEntry(name=name, sha256=digest, size=len(data), rows=rows)
 
     def _commit(self, mkey: str, manifest: Manifest) -> Manifest:
@@ -510,17 +516,17 @@ class Store:
                 raise ManifestError(f"create-only write of {self._path(mkey)} failed but no manifest is there")
             log.warning("%s was committed by another writer first: returning that manifest", self._path(mkey))
             stored = found
-        self._remove_orphans(stored)
+        if self.protocol in ("file", "s3"):  # exclusive creates: exactly one manifest won
+            self._remove_orphans(manifest, named={o.name for o in stored.objects})
         return stored
 
-    def _remove_orphans(self, manifest: Manifest) -> None:
-        """Delete the data objects of ``manifest``'s item that it does not name: what an attempt killed
-        before its commit, or a writer that lost the race to commit, left behind (other bytes, so another
-        name). Only this item's object names are looked at (``_object_pattern``), and only after its
-        manifest is committed, so no object a committed manifest names is ever touched."""
-        prefix = stage_prefix(manifest.run_id, manifest.iteration, manifest.stage)
-        pattern = _object_pattern(manifest.name, manifest.kind)
-        named = {o.name for o in manifest.objects}
+    def _remove_orphans(self, item: Manifest, *, named: set[str]) -> None:
+        """Delete the data objects of ``item``'s item (this writer's own run, iteration, stage, name and
+        kind) that are not in ``named``, the committed manifest's objects: what an attempt killed before
+        its commit, or a writer that lost the race to commit, left behind (other bytes, so another
+        name). Only this item's object names are looked at (``_object_pattern``)."""
+        prefix = stage_prefix(item.run_id, item.iteration, item.stage)
+        pattern = _object_pattern(item.name, item.kind)
         for path in self.fs.ls(self._path(prefix), detail=False):
             name = _base_name(path)
             if pattern.fullmatch(name) and name not in named:
@@ -589,67 +595,90 @@ class Store:
 
 
 def _write_local_file(path: str, data: bytes, *, exclusive: bool) -> bool:
-    """Give ``data`` the local name ``path`` in one step, so a reader sees all of it or nothing.
-    ``exclusive``: create-only, False if ``path`` already exists (a link fails with EEXIST like
-    ``O_EXCL`` but never exposes a half-written file); else the new file replaces any old one.
-
-    The bytes go to a file that has no name yet (Linux ``O_TMPFILE``), synced, then linked into place,
-    so a writer killed part-way leaves nothing behind (a replacing write links it to a ``.tmp-*`` name
-    and renames that: a kill must land between two system calls to leave it). Where the OS or the file
-    system has no nameless files (macOS, some network file systems) the bytes go to a named ``.tmp-*``
-    file in the same folder, which a kill leaves behind; no manifest names it, so nothing reads it.
-    """
+    """Give ``data`` the local name ``path`` in one step, so a reader sees all of it or nothing, and
+    make the name durable. ``exclusive``: create-only, False if ``path`` already exists (a link fails
+    with EEXIST like ``O_EXCL``); else the new file replaces any old one."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
-    fd = _open_nameless(folder)
-    tmp: str | None = None
-    if fd is None:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            if tmp is None:  # nameless: name it while it is open
-                if exclusive:
-                    return _link(f"/proc/self/fd/{f.fileno()}", path)
-                tmp = f"{folder}/.tmp-{uuid.uuid4().hex[:12]}"
-                _link(f"/proc/self/fd/{f.fileno()}", tmp)
-        if exclusive:
-            return _link(tmp, path)
-        os.replace(tmp, path)
-        return True
-    finally:
-        if tmp is not None and os.path.lexists(tmp):
-            os.unlink(tmp)
+    written = _write_nameless(folder, path, data, exclusive=exclusive)
+    if written is None:
+        written = _write_named(folder, path, data, exclusive=exclusive)
+    _sync_folder(folder)
+    return written
 
 
-def _open_nameless(folder: str) -> int | None:
-    """A file open for writing in ``folder`` that has no name (Linux ``O_TMPFILE``; it vanishes if the
-    process dies), or None where there is none: not Linux, no ``/proc`` to link it through, or a file
-    system that refuses the flag."""
+def _write_nameless(folder: str, path: str, data: bytes, *, exclusive: bool) -> bool | None:
+    """Write ``data`` to a file that has no name (Linux ``O_TMPFILE``: it vanishes with a killed
+    writer), sync it, then link it to ``path`` (create-only) or to a ``.tmp-*`` name renamed over
+    ``path`` (a kill must land between those two system calls to leave it). None where this cannot be
+    done here, with nothing named: not Linux, no ``/proc``, or a file system that refuses the flag or
+    the link."""
     if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
         return None
     try:
-        return os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o644)
+        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY, _FILE_MODE)
     except OSError:  # EOPNOTSUPP, EISDIR or EINVAL, depending on the kernel and the file system
         return None
-
-
-def _link(source: str, path: str) -> bool:
-    """Hard-link ``source`` to ``path``: True, or False if ``path`` exists. A ``/proc/self/fd/N`` source
-    names an open nameless file; linking it needs ``linkat`` with ``AT_SYMLINK_FOLLOW``, which
-    ``os.link`` calls only when given a folder descriptor (``path``'s folder here; both paths stay
-    absolute). The folder is synced after the link so the new name survives a power cut."""
-    folder_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(source, path, src_dir_fd=folder_fd, follow_symlinks=True)
-        os.fsync(folder_fd)
-    except FileExistsError:
-        return False
-    finally:
-        os.close(folder_fd)
+    target = path if exclusive else f"{folder}/.tmp-{uuid.uuid4().hex}"
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        # open(2)'s way to name an O_TMPFILE file: linkat("/proc/self/fd/N", ..., AT_SYMLINK_FOLLOW); os.link
+        # calls linkat with that flag only when given a folder descriptor (the paths stay absolute).
+        folder_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.link(f"/proc/self/fd/{f.fileno()}", target, src_dir_fd=folder_fd, follow_symlinks=True)
+        except FileExistsError:
+            if exclusive:
+                return False
+            raise
+        except OSError:  # EXDEV, EPERM, ENOENT: a file system or sandbox that does not allow it
+            return None
+        finally:
+            os.close(folder_fd)
+    if not exclusive:
+        try:
+            os.replace(target, path)
+        finally:
+            if os.path.lexists(target):
+                os.unlink(target)
     return True
+
+
+def _write_named(folder: str, path: str, data: bytes, *, exclusive: bool) -> bool:
+    """The portable way: a named ``.tmp-*`` file in the same folder, synced, then linked (create-only)
+    or renamed into place; a kill before that leaves it behind (no manifest names it: nothing reads it)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _FILE_MODE)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _sync_folder(folder: str) -> None:
+    """Sync ``folder`` so a name just linked or renamed in it survives a power cut; best effort (some
+    file systems refuse to sync a folder: the name is there all the same)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _object_pattern(name: str, kind: Kind) -> re.Pattern[str]:

@@ -103,7 +103,7 @@ _CRASHING_WRITER = textwrap.dedent(
     from ragen_tasks.data import store as s
     die = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1] == "crash":  # die the moment the manifest would be written: data is uploaded, manifest not
-        s.Store._create_bytes = die
+        s.Store._commit = die
     if sys.argv[1] == "crash-writing":  # die with the data object's bytes written but not yet synced or named
         s.os.fsync = die
     seed = 0 if sys.argv[1] == "retry" else 1  # the retry's batch differs (a rollout is sampled again)
@@ -136,11 +136,25 @@ def test_writer_killed_between_data_and_manifest(store_root: str, tmp_path: Path
     assert [t.traj_id for t in store.read_trajectories("run1", 0, "rollouts")[0]] == [f"t{i:05d}" for i in range(8)]
 
 
+_NAMELESS_FILES = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+
+
+@pytest.mark.skipif(not _NAMELESS_FILES, reason="no nameless files (O_TMPFILE) on this OS")
 def test_writer_killed_while_writing_leaves_no_file(tmp_path: Path) -> None:
     """Locally the bytes are written to a file without a name: a kill before it is linked leaves nothing."""
     root = f"file://{tmp_path / 'store'}"
     assert _run_writer(tmp_path, root, "crash-writing") == -9
     assert _stage_files(Store(root)) == []
+
+
+def test_a_damaged_object_is_replaced_by_the_next_attempt(store_root: str) -> None:
+    """A data object already under the name an attempt would give its bytes is reused only if it holds
+    those bytes; otherwise (damaged before any manifest named it) it is replaced."""
+    store = Store(store_root)
+    name = store.write_trajectories("probe", 0, "rollouts", factory.make_batch(4), **W).objects[0].name
+    store._put_bytes(f"run1/iter_000000/rollouts/{name}", b"damaged")
+    store.write_trajectories("run1", 0, "rollouts", factory.make_batch(4), **W)
+    assert [t.traj_id for t in store.read_trajectories("run1", 0, "rollouts")[0]] == [f"t{i:05d}" for i in range(4)]
 
 
 def test_commit_removes_only_its_own_items_orphans(store_root: str) -> None:
@@ -166,17 +180,34 @@ def test_commit_removes_only_its_own_items_orphans(store_root: str) -> None:
     )
 
 
-@pytest.mark.parametrize("nameless", [True, False])
+@pytest.mark.parametrize(
+    "way",
+    [
+        pytest.param("nameless", marks=pytest.mark.skipif(not _NAMELESS_FILES, reason="no O_TMPFILE")),
+        "link refused",
+        "named",
+    ],
+)
 def test_local_writes_are_whole_and_create_only_refuses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nameless: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
-    """Both local write paths (a nameless file where the OS has them, a named temp file elsewhere):
-    a replace replaces, a create-only write of a taken name returns False and changes nothing, and
-    no temp file is left behind either way."""
+    """Every local write path (a nameless file where the OS has them; a named temp file where it has
+    none, or refuses to link one): a replace replaces, a create-only write of a taken name returns
+    False and changes nothing, and no temp file is left behind."""
     from ragen_tasks.data import store as store_module
 
-    if not nameless:
-        monkeypatch.setattr(store_module, "_open_nameless", lambda folder: None)
+    if way == "named":
+        monkeypatch.setattr(store_module.os, "O_TMPFILE", None, raising=False)
+        monkeypatch.delattr(store_module.os, "O_TMPFILE")
+    if way == "link refused":  # e.g. a sandbox that forbids linking through /proc
+        link = os.link
+
+        def refuse_proc(source: str, *args: object, **kwargs: object) -> None:
+            if str(source).startswith("/proc/"):
+                raise PermissionError(1, "Operation not permitted", source)
+            link(source, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store_module.os, "link", refuse_proc)
     path = str(tmp_path / "a" / "x.json")
     assert store_module._write_local_file(path, b"one", exclusive=True)
     assert not store_module._write_local_file(path, b"two", exclusive=True)
@@ -184,6 +215,13 @@ def test_local_writes_are_whole_and_create_only_refuses(
     assert store_module._write_local_file(path, b"three", exclusive=False)
     assert Path(path).read_bytes() == b"three"
     assert os.listdir(tmp_path / "a") == ["x.json"]
+    assert os.stat(path).st_mode & 0o777 == 0o644 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.parametrize("writers", [8])
