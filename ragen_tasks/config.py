@@ -421,6 +421,9 @@ class WarmStartConfig(_Frozen):
     steps: int = Field(150, ge=0, description="supervised optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")
     lr: float = Field(3e-3, gt=0, description="supervised learning rate")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="supervised learning rate over the steps: constant, or linear decay from lr to 0"
+    )
     demo_noise: float = Field(
         0.3,
         ge=0,

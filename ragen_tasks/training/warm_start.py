@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -212,6 +212,12 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
     )
 
 
+def supervised_lr(lr: float, step: int, steps: int, schedule: Literal["constant", "linear"]) -> float:
+    """Learning rate of supervised step ``step`` (0-based) of ``steps``: ``lr``, or under ``linear``
+    ``lr * (1 - step / steps)`` (the first step at ``lr``, the last at ``lr / steps``)."""
+    return lr * (1.0 - step / steps) if schedule == "linear" else lr
+
+
 def supervised_steps(
     model: torch.nn.Module,
     trajectories: Sequence[Trajectory],
@@ -221,9 +227,11 @@ def supervised_steps(
     lr: float,
     seed: int,
     pad_id: int,
+    lr_schedule: Literal["constant", "linear"] = "constant",
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Cross-entropy on the response tokens (loss_mask = 1) of ``trajectories``; returns the losses.
+    ``lr_schedule``: see ``supervised_lr``.
 
     Minibatches take every demonstration once per epoch, rows of similar length together
     (``length_bucketed_batches``), so little of a step's compute goes to padding."""
@@ -244,6 +252,8 @@ def supervised_steps(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = supervised_lr(lr, step, steps, lr_schedule)
         optimizer.step()
         losses.append(loss.item())
         if on_step is not None:
@@ -292,6 +302,7 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, p
         lr=ws.lr,
         seed=seed,
         pad_id=pad_id,
+        lr_schedule=ws.lr_schedule,
         on_step=progress,
     )
     result: dict[str, Any] = {

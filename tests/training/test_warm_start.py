@@ -66,3 +66,45 @@ def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) ->
     expected, observed = float(np.mean(values)), float(np.mean([d.success for d in demos]))
     assert expected > 0.45  # the paper's lake at this budget (random play ~0.21)
     assert abs(observed - expected) < 4 * math.sqrt(expected * (1 - expected) / len(demos)), (observed, expected)
+
+
+def test_supervised_lr_decays_linearly_to_zero_over_the_steps() -> None:
+    from ragen_tasks.training.warm_start import supervised_lr
+
+    assert [supervised_lr(3e-3, s, 4, "constant") for s in range(4)] == [3e-3] * 4
+    assert [supervised_lr(4e-3, s, 4, "linear") for s in range(4)] == pytest.approx([4e-3, 3e-3, 2e-3, 1e-3])
+
+
+def test_supervised_steps_step_at_the_scheduled_rate(chatml_tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rate each optimizer step of the warm start actually uses (read from AdamW as it steps)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ragen_tasks.config import EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations, supervised_steps
+
+    rates: list[float] = []
+    adamw_step = torch.optim.AdamW.step
+
+    def recording_step(self: torch.optim.AdamW, *args: object, **kwargs: object) -> object:
+        rates.append(self.param_groups[0]["lr"])
+        return adamw_step(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(chatml_tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    config = TrainConfig(envs=[EnvSpec(name="bandit")], warm_start=WarmStartConfig(episodes_per_env=8))
+    demos = demonstrations(chatml_tokenizer, config, seed=0)
+    for schedule, expected in (("linear", [4e-3, 3e-3, 2e-3, 1e-3]), ("constant", [4e-3] * 4)):
+        rates.clear()
+        supervised_steps(model, demos, steps=4, batch_size=4, lr=4e-3, seed=0, pad_id=0, lr_schedule=schedule)
+        assert rates == pytest.approx(expected), schedule
