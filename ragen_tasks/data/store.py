@@ -11,7 +11,7 @@ Commit protocol (design section 6):
 2. the manifest LAST and create-only. Locally every file is written under no name (Linux
    ``O_TMPFILE``) and linked to its final name once synced: a link fails with EEXIST like
    ``O_EXCL``, never exposes a half-written file, and a writer killed part-way leaves nothing
-   behind (``_write_local_file``). On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
+   behind (``local_files.write_local_file``). On S3: ``PutObject`` with ``If-None-Match: *`` (a conditional
    write: S3 answers 412 to every writer but the first; supported by AWS S3 since 2024-08, by
    moto, and by MinIO; an endpoint that ignores the header degrades to last-writer-wins between
    racing writers of one item, which the run lease rules out in practice);
@@ -61,6 +61,7 @@ from ragen_tasks.data.keys import (
     quarantine_prefix,
     stage_prefix,
 )
+from ragen_tasks.data.local_files import write_local_file
 from ragen_tasks.data.manifest import (
     ChecksumError,
     CorruptObjectError,
@@ -80,7 +81,6 @@ _CHUNK = 8 * 2**20
 # reader allocate whatever it finds, so both are refused above these sizes.
 MAX_MANIFEST_BYTES = 1 * 2**20
 MAX_SMALL_OBJECT = 64 * 2**20
-_FILE_MODE = 0o644  # of every file a local store writes, whichever way it was written
 
 
 class StoreNotWritableError(ValueError):
@@ -570,10 +570,10 @@ class Store:
         return files
 
     def _put_bytes(self, key: str, data: bytes) -> None:
-        """Write (overwrite) an object; locally atomic (``_write_local_file``)."""
+        """Write (overwrite) an object; locally atomic (``local_files.write_local_file``)."""
         path = self._path(key)
         if self.protocol == "file":
-            _write_local_file(path, data, exclusive=False)
+            write_local_file(path, data, exclusive=False)
         else:
             self.fs.pipe_file(path, data)
 
@@ -581,7 +581,7 @@ class Store:
         """Create-only write: True if this call created the object, False if it already existed."""
         path = self._path(key)
         if self.protocol == "file":
-            return _write_local_file(path, data, exclusive=True)
+            return write_local_file(path, data, exclusive=True)
         if self.protocol == "s3":
             try:
                 self.fs.pipe_file(path, data, mode="create")  # PutObject with If-None-Match: *
@@ -592,93 +592,6 @@ class Store:
             return False
         self.fs.pipe_file(path, data)
         return True
-
-
-def _write_local_file(path: str, data: bytes, *, exclusive: bool) -> bool:
-    """Give ``data`` the local name ``path`` in one step, so a reader sees all of it or nothing, and
-    make the name durable. ``exclusive``: create-only, False if ``path`` already exists (a link fails
-    with EEXIST like ``O_EXCL``); else the new file replaces any old one."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    written = _write_nameless(folder, path, data, exclusive=exclusive)
-    if written is None:
-        written = _write_named(folder, path, data, exclusive=exclusive)
-    _sync_folder(folder)
-    return written
-
-
-def _write_nameless(folder: str, path: str, data: bytes, *, exclusive: bool) -> bool | None:
-    """Write ``data`` to a file that has no name (Linux ``O_TMPFILE``: it vanishes with a killed
-    writer), sync it, then link it to ``path`` (create-only) or to a ``.tmp-*`` name renamed over
-    ``path`` (a kill must land between those two system calls to leave it). None where this cannot be
-    done here, with nothing named: not Linux, no ``/proc``, or a file system that refuses the flag or
-    the link."""
-    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY, _FILE_MODE)
-    except OSError:  # EOPNOTSUPP, EISDIR or EINVAL, depending on the kernel and the file system
-        return None
-    target = path if exclusive else f"{folder}/.tmp-{uuid.uuid4().hex}"
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-        # open(2)'s way to name an O_TMPFILE file: linkat("/proc/self/fd/N", ..., AT_SYMLINK_FOLLOW); os.link
-        # calls linkat with that flag only when given a folder descriptor (the paths stay absolute).
-        folder_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.link(f"/proc/self/fd/{f.fileno()}", target, src_dir_fd=folder_fd, follow_symlinks=True)
-        except FileExistsError:
-            if exclusive:
-                return False
-            raise
-        except OSError:  # EXDEV, EPERM, ENOENT: a file system or sandbox that does not allow it
-            return None
-        finally:
-            os.close(folder_fd)
-    if not exclusive:
-        try:
-            os.replace(target, path)
-        finally:
-            if os.path.lexists(target):
-                os.unlink(target)
-    return True
-
-
-def _write_named(folder: str, path: str, data: bytes, *, exclusive: bool) -> bool:
-    """The portable way: a named ``.tmp-*`` file in the same folder, synced, then linked (create-only)
-    or renamed into place; a kill before that leaves it behind (no manifest names it: nothing reads it)."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), _FILE_MODE)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if not exclusive:
-            os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-
-
-def _sync_folder(folder: str) -> None:
-    """Sync ``folder`` so a name just linked or renamed in it survives a power cut; best effort (some
-    file systems refuse to sync a folder: the name is there all the same)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _object_pattern(name: str, kind: Kind) -> re.Pattern[str]:

@@ -194,11 +194,11 @@ def test_local_writes_are_whole_and_create_only_refuses(
     """Every local write path (a nameless file where the OS has them; a named temp file where it has
     none, or refuses to link one): a replace replaces, a create-only write of a taken name returns
     False and changes nothing, and no temp file is left behind."""
-    from ragen_tasks.data import store as store_module
+    from ragen_tasks.data import local_files
 
     if way == "named":
-        monkeypatch.setattr(store_module.os, "O_TMPFILE", None, raising=False)
-        monkeypatch.delattr(store_module.os, "O_TMPFILE")
+        monkeypatch.setattr(local_files.os, "O_TMPFILE", None, raising=False)
+        monkeypatch.delattr(local_files.os, "O_TMPFILE")
     if way == "link refused":  # e.g. a sandbox that forbids linking through /proc
         link = os.link
 
@@ -207,12 +207,12 @@ def test_local_writes_are_whole_and_create_only_refuses(
                 raise PermissionError(1, "Operation not permitted", source)
             link(source, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(store_module.os, "link", refuse_proc)
+        monkeypatch.setattr(local_files.os, "link", refuse_proc)
     path = str(tmp_path / "a" / "x.json")
-    assert store_module._write_local_file(path, b"one", exclusive=True)
-    assert not store_module._write_local_file(path, b"two", exclusive=True)
+    assert local_files.write_local_file(path, b"one", exclusive=True)
+    assert not local_files.write_local_file(path, b"two", exclusive=True)
     assert Path(path).read_bytes() == b"one"
-    assert store_module._write_local_file(path, b"three", exclusive=False)
+    assert local_files.write_local_file(path, b"three", exclusive=False)
     assert Path(path).read_bytes() == b"three"
     assert os.listdir(tmp_path / "a") == ["x.json"]
     assert os.stat(path).st_mode & 0o777 == 0o644 & ~_umask()
