@@ -229,12 +229,26 @@ class AlgoConfig(_Frozen):
     )
 
 
+LrSchedule = Literal["constant", "linear"]
+
+
+def scheduled_lr(base: float, step: int, steps: int, schedule: LrSchedule, *, end_fraction: float = 0.0) -> float:
+    """The rate of step ``step`` (0-based, clamped to 0..``steps``) of ``steps`` under ``schedule``:
+    ``base``, or under ``linear`` ``base * (1 - (1 - end_fraction) * step / steps)``, so the first step
+    is at ``base`` and the rate after the last would be ``base * end_fraction``. Shared by the RL
+    optimizers (``OptimConfig.lr_at``, over iterations) and the warm start (over supervised steps)."""
+    if schedule == "constant":
+        return base
+    done = min(max(step, 0), steps) / steps
+    return base * (1.0 - (1.0 - end_fraction) * done)
+
+
 class OptimConfig(_Frozen):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="update backend")
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     lr: float = Field(1e-5, gt=0, description="actor learning rate")
     critic_lr: float = Field(1e-5, gt=0, description="critic learning rate")
-    lr_schedule: Literal["constant", "linear"] = Field(
+    lr_schedule: LrSchedule = Field(
         "constant",
         description="learning rates over the run's iterations: constant, or linear decay from optim.lr / critic_lr "
         "at the first iteration towards lr_end_fraction of them after the last (a function of the iteration and "
@@ -277,10 +291,7 @@ class OptimConfig(_Frozen):
         if name not in ("actor", "critic"):
             raise ValueError(f"no learning rate for an optimizer called {name!r}: expected 'actor' or 'critic'")
         base = self.lr if name == "actor" else self.critic_lr
-        if self.lr_schedule == "constant":
-            return base
-        done = min(max(iteration, 0), iterations) / iterations
-        return base * (1.0 - (1.0 - self.lr_end_fraction) * done)
+        return scheduled_lr(base, iteration, iterations, self.lr_schedule, end_fraction=self.lr_end_fraction)
 
 
 class UpdateConfig(_Frozen):
@@ -421,7 +432,7 @@ class WarmStartConfig(_Frozen):
     steps: int = Field(150, ge=0, description="supervised optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")
     lr: float = Field(3e-3, gt=0, description="supervised learning rate")
-    lr_schedule: Literal["constant", "linear"] = Field(
+    lr_schedule: LrSchedule = Field(
         "constant", description="supervised learning rate over the steps: constant, or linear decay from lr to 0"
     )
     demo_noise: float = Field(

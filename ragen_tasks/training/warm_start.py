@@ -26,12 +26,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from ragen_tasks.config import AgentConfig, TrainConfig
+from ragen_tasks.config import AgentConfig, LrSchedule, TrainConfig, scheduled_lr
 from ragen_tasks.data.token_batch import collate, length_bucketed_batches
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
@@ -212,12 +212,6 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
     )
 
 
-def supervised_lr(lr: float, step: int, steps: int, schedule: Literal["constant", "linear"]) -> float:
-    """Learning rate of supervised step ``step`` (0-based) of ``steps``: ``lr``, or under ``linear``
-    ``lr * (1 - step / steps)`` (the first step at ``lr``, the last at ``lr / steps``)."""
-    return lr * (1.0 - step / steps) if schedule == "linear" else lr
-
-
 def supervised_steps(
     model: torch.nn.Module,
     trajectories: Sequence[Trajectory],
@@ -227,11 +221,11 @@ def supervised_steps(
     lr: float,
     seed: int,
     pad_id: int,
-    lr_schedule: Literal["constant", "linear"] = "constant",
+    lr_schedule: LrSchedule = "constant",
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Cross-entropy on the response tokens (loss_mask = 1) of ``trajectories``; returns the losses.
-    ``lr_schedule``: see ``supervised_lr``.
+    ``lr_schedule``: the rate over the steps (``config.scheduled_lr``; ``linear`` decays to 0).
 
     Minibatches take every demonstration once per epoch, rows of similar length together
     (``length_bucketed_batches``), so little of a step's compute goes to padding."""
@@ -253,7 +247,7 @@ def supervised_steps(
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for group in optimizer.param_groups:
-            group["lr"] = supervised_lr(lr, step, steps, lr_schedule)
+            group["lr"] = scheduled_lr(lr, step, steps, lr_schedule)
         optimizer.step()
         losses.append(loss.item())
         if on_step is not None:

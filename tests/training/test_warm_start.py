@@ -68,11 +68,11 @@ def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) ->
     assert abs(observed - expected) < 4 * math.sqrt(expected * (1 - expected) / len(demos)), (observed, expected)
 
 
-def test_supervised_lr_decays_linearly_to_zero_over_the_steps() -> None:
-    from ragen_tasks.training.warm_start import supervised_lr
+def test_scheduled_lr_decays_linearly_to_zero_over_the_steps() -> None:
+    from ragen_tasks.config import scheduled_lr
 
-    assert [supervised_lr(3e-3, s, 4, "constant") for s in range(4)] == [3e-3] * 4
-    assert [supervised_lr(4e-3, s, 4, "linear") for s in range(4)] == pytest.approx([4e-3, 3e-3, 2e-3, 1e-3])
+    assert [scheduled_lr(3e-3, s, 4, "constant") for s in range(4)] == [3e-3] * 4
+    assert [scheduled_lr(4e-3, s, 4, "linear") for s in range(4)] == pytest.approx([4e-3, 3e-3, 2e-3, 1e-3])
 
 
 def test_supervised_steps_step_at_the_scheduled_rate(chatml_tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
