@@ -37,16 +37,21 @@ def test_evaluate_json_is_a_record_with_per_seed_outcomes(gate_checkpoints: dict
 
 
 def test_regress_passes_the_same_checkpoint_and_fails_a_damaged_one(
-    gate_checkpoints: dict[str, str], tmp_path: Path
+    gate_checkpoints: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     baseline = tmp_path / "baseline.json"
-    _baseline(gate_checkpoints["good"], baseline)
+    record = _baseline(gate_checkpoints["good"], baseline)
+    monkeypatch.chdir(tmp_path)  # --output as a bare file name: the working folder
 
-    passed = runner.invoke(app, ["regress", gate_checkpoints["good"], "--baseline", str(baseline)])
+    passed = runner.invoke(
+        app, ["regress", gate_checkpoints["good"], "--baseline", str(baseline), "--output", "candidate.json"]
+    )
     assert passed.exit_code == 0, passed.output
     assert "regression gate: PASS" in passed.stdout
     (row,) = [line.split() for line in passed.stdout.splitlines() if line.strip().startswith("bandit")]
     assert row[1] == str(GATE_SEEDS) and row[2] == row[4]  # every seed paired; the same success on both sides
+    assert json.loads((tmp_path / "candidate.json").read_text())["per_seed"] == record["per_seed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json", "candidate.json"]  # no temporary left
 
     failed = runner.invoke(app, ["regress", gate_checkpoints["damaged"], "--baseline", str(baseline)])
     assert failed.exit_code == 1, failed.output

@@ -1,7 +1,8 @@
 """Local files written whole or not at all, and never left half-named by a killed writer.
 
-``write_local_file`` is how the store (``store.py``) writes every file under a local root: data objects and
-manifests create-only, leases and reports by replacement.
+``write_local_file`` is how the store (``store.py``) writes every file under a local root (data objects and
+manifests create-only, leases and reports by replacement) and how the regression gate writes a local evaluation
+record (``pipeline/gate.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def write_local_file(path: str, data: bytes, *, exclusive: bool) -> bool:
     """Give ``data`` the local name ``path`` in one step, so a reader sees all of it or nothing, and
     make the name durable. ``exclusive``: create-only, False if ``path`` already exists (a link fails
     with EEXIST like ``O_EXCL``); else the new file replaces any old one."""
+    path = os.path.abspath(path)  # a bare file name's folder is the working folder, not ""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     written = _write_nameless(folder, path, data, exclusive=exclusive)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_tasks.config import TrainConfig
+from ragen_tasks.data.local_files import write_local_file
 from ragen_tasks.data.store import Store
 from ragen_tasks.evaluation import GateResult, check_record, eval_record, regression_gate
 from ragen_tasks.pipeline.policy import evaluate_checkpoint
@@ -58,11 +59,8 @@ def write_json(uri: str, data: Any) -> str:
     """Write ``data`` as JSON to a local path or an ``s3://`` URI; returns the URI."""
     body = json.dumps(data, indent=1, sort_keys=True)
     if "://" not in uri or uri.startswith("file://"):
-        path = Path(uri.removeprefix("file://"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.partial")
-        tmp.write_text(body)
-        os.replace(tmp, path)  # a reader never sees half a record
+        # whole or not at all, and no temporary file left by a killed writer
+        write_local_file(uri.removeprefix("file://"), body.encode(), exclusive=False)
     else:
         store, path_in_fs = _split(uri)
         store.fs.pipe_file(path_in_fs, body.encode())
