@@ -88,7 +88,13 @@ class RolloutConfig(_Frozen):
     engine: str = Field("hf", description="hf, vllm, openai, or a dotted path 'module:Class'")
     groups: int = Field(8, ge=1, description="task diversity: initial states per iteration")
     group_size: int = Field(8, ge=1, description="rollouts per initial state (GRPO / filter group size)")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy")
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description="sampling temperature of the training rollouts; 0 = greedy. The update trains the "
+        "temperature-1 policy (engines report temperature-1 log-probs), so another value samples off that policy "
+        "without correction (verl trains the tempered policy instead)",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     top_k: int = Field(0, ge=0, description="top-k sampling; 0 = off")
     engine_options: dict[str, Any] = Field(
