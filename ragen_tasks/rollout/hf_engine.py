@@ -27,7 +27,8 @@ policy's own log-prob, which a plain forward pass on the full sequence reproduce
 
 Batch composition: the logits of a row are computed on a batch padded to the longest row (and
 compacted as rows finish), so other rows change the shapes of the matrix products and the position
-of the row's keys in the padded key axis. Vectorised sums then group the same terms differently,
+of the row's keys in the padded key axis, and the row's place in the batch can change how the
+matrix kernel blocks rows. Vectorised sums then group the same terms differently,
 which can move a logit in its last bits (float32: ~1e-7 relative). A token can only change if a
 row's uniform number falls within that distance of a boundary of the cumulative distribution
 (probability ~1e-7 per token); log-probs agree to ~1e-6, not bit for bit. See

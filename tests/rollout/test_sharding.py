@@ -118,8 +118,10 @@ def test_hf_two_shards_equal_one_engine(policy, temperature: float) -> None:
     one = play(list(tasks), {})
     two = run_sharded(tasks, [{}, {}], play, processes=False)
     _same_trajectories(one, two, logprob_atol=1e-5)
-    backwards = play(list(reversed(tasks)), {})[::-1]  # the same batch in another order: same padding, bit for bit
-    _same_trajectories(one, backwards)
+    # The same batch in another order: same padding, but a row's place in the batch can change how
+    # the CPU's matrix kernel blocks rows, which moves log-probs in the last bits on some CPUs.
+    backwards = play(list(reversed(tasks)), {})[::-1]
+    _same_trajectories(one, backwards, logprob_atol=1e-5)
 
 
 def _config(tmp_path: Path, **extra: Any) -> TrainConfig:
