@@ -22,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 
@@ -160,7 +161,7 @@ def evaluate(
     checkpoint: Annotated[
         str,
         typer.Argument(
-            help="checkpoint folder or s3:// URI, e.g. runs/<run>/checkpoints/step_000020 or s3://bucket/runs/<run>/checkpoints/step_000020"
+            help="checkpoint folder or s3:// URI, e.g. runs/RUN/checkpoints/step_000020 or s3://bucket/runs/RUN/checkpoints/step_000020"
         ),
     ],
     env: Annotated[
@@ -261,7 +262,7 @@ def regress(
 
 
 @app.command()
-def report(run: Annotated[str, typer.Argument(help="run folder (runs/<run>) or s3://bucket/prefix/<run>")]) -> None:
+def report(run: Annotated[str, typer.Argument(help="run folder (runs/RUN) or s3://bucket/prefix/RUN")]) -> None:
     """(Re)write the HTML report of a run and print its path."""
     from ragen_tasks import pipeline
     from ragen_tasks.runs import stored_summary, write_run_report

@@ -25,6 +25,23 @@ def test_help(command: str) -> None:
     assert "Usage" in result.output
 
 
+@pytest.mark.parametrize("command", ["train", "evaluate", "regress", "report", "play", "bench"])
+def test_help_keeps_each_docstring_paragraph_on_one_line(command: str) -> None:
+    """A docstring is wrapped at the source's width; --help must reflow it to the terminal's, not keep
+    the source's line breaks mid-sentence (in the command list and in the command's own help)."""
+    import inspect
+
+    from ragen_tasks import cli
+
+    paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(getattr(cli, command).__doc__).split("\n\n")]
+    wide = {"COLUMNS": "1000"}
+    own = runner.invoke(app, [command, "--help"], env=wide)
+    listing = runner.invoke(app, ["--help"], env=wide)
+    for paragraph in paragraphs:
+        assert paragraph in own.output, (paragraph, own.output)
+    assert paragraphs[0] in listing.output, (paragraphs[0], listing.output)
+
+
 def test_top_level_help_lists_commands() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
