@@ -83,17 +83,21 @@ def train(
             "recorded in the run: --resume-set optim.lr=1e-6, --resume-set update.world_size=2",
         ),
     ] = None,
-    list_presets: Annotated[bool, typer.Option("--list", help="list the presets and exit")] = False,
+    list_presets: Annotated[
+        bool, typer.Option("--list", help="list the presets, each with what it is for, and exit")
+    ] = False,
 ) -> None:
     """Train a policy with StarPO through the Prefect training flow.
 
     Prints the run folder and the report path at the end; the run folder holds summary.json
     (eval before and after RL per env), report.html and the checkpoints.
     """
-    from ragen_tasks.presets import available_presets, load_config, parse_override
+    from ragen_tasks.presets import available_presets, load_config, parse_override, preset_summary
 
     if list_presets:
-        typer.echo("\n".join(available_presets()))
+        names = available_presets()
+        width = max(map(len, names))
+        typer.echo("\n".join(f"{name:<{width}}  {preset_summary(name)}" for name in names))
         return
     errors = _user_errors()
     try:

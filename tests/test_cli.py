@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ragen_tasks.cli import app
+from ragen_tasks.presets import available_presets
 
 runner = CliRunner()
 
@@ -73,7 +74,9 @@ def test_bad_set_value_names_the_field() -> None:
 def test_list_presets() -> None:
     result = runner.invoke(app, ["train", "--list"])
     assert result.exit_code == 0
-    assert "default" in result.output.split()
+    rows = {line.split()[0]: line for line in result.output.splitlines()}
+    assert sorted(rows) == available_presets()
+    assert "SIMPLIFIED FrozenLake" in rows["frozenlake-tiny"]
 
 
 def test_evaluate_missing_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]

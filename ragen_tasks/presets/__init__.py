@@ -30,6 +30,20 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def preset_summary(name: str) -> str:
+    """The first sentence of the preset file's leading comment (what ``ragen train --list`` shows
+    beside its name): every preset opens with a comment saying what it is for."""
+    lines = []
+    for line in (PRESET_DIR / f"{name}.yaml").read_text().splitlines():
+        text = line.strip()
+        if not text.startswith("#") or text == "#":  # the leading comment ends at code or an empty "#"
+            break
+        lines.append(text.lstrip("#").strip())
+    block = " ".join(lines)
+    end = block.find(". ")
+    return block if end < 0 else block[: end + 1]
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}

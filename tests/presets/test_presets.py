@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_tasks.presets import ConfigError, available_presets, load_config
+from ragen_tasks.presets import ConfigError, available_presets, load_config, preset_summary
 
 
 def test_every_shipped_preset_validates() -> None:
@@ -15,6 +15,18 @@ def test_every_shipped_preset_validates() -> None:
     for name in names:
         config = load_config(name)
         assert config.preset == name
+
+
+def test_every_shipped_preset_says_what_it_is_for() -> None:
+    """`ragen train --list` shows each preset's opening comment's first sentence; a preset without one
+    would be listed bare. The simplified lake must say it is not the paper's game."""
+    for name in available_presets():
+        summary = preset_summary(name)
+        assert len(summary) > 20 and summary.endswith("."), (name, summary)
+        assert "#" not in summary and "\n" not in summary, (name, summary)
+    assert preset_summary("frozenlake-tiny").startswith("SIMPLIFIED FrozenLake (not the paper's game)")
+    # The first sentence only: the frozenlake preset's comment goes on after it.
+    assert preset_summary("frozenlake").endswith("tiny model, CPU.")
 
 
 def test_set_overrides_nested_values() -> None:
