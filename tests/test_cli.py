@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -13,27 +14,25 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from ragen_tasks import cli
 from ragen_tasks.cli import app
 from ragen_tasks.presets import available_presets
 
 runner = CliRunner()
+COMMANDS = ("train", "evaluate", "regress", "report", "play", "bench")
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "regress", "report", "play", "bench"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "regress", "report", "play", "bench"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_keeps_each_docstring_paragraph_on_one_line(command: str) -> None:
     """A docstring is wrapped at the source's width; --help must reflow it to the terminal's, not keep
     the source's line breaks mid-sentence (in the command list and in the command's own help)."""
-    import inspect
-
-    from ragen_tasks import cli
-
     paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(getattr(cli, command).__doc__).split("\n\n")]
     wide = {"COLUMNS": "1000"}
     own = runner.invoke(app, [command, "--help"], env=wide)
@@ -46,7 +45,7 @@ def test_help_keeps_each_docstring_paragraph_on_one_line(command: str) -> None:
 def test_top_level_help_lists_commands() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("train", "evaluate", "regress", "report", "play", "bench"):
+    for command in COMMANDS:
         assert command in result.output
 
 
