@@ -108,8 +108,9 @@ def success(checkpoint: Path, env: str, seeds: int, offset: int, temperature: fl
     kept = checkpoint.parents[1] / f"bench-eval-{checkpoint.name}-{env}-T{temperature:g}-{offset}-{seeds}.json"
     if kept.exists():
         return float(json.loads(kept.read_text())["success"])
-    config = run.config.model_copy(update={"eval": run.config.eval.model_copy(update={"temperature": temperature})})
-    per_env, _ = pipeline.evaluate_checkpoint(config, checkpoint, seeds=seeds, seed_offset=offset, env_names=[env])
+    per_env, _ = pipeline.evaluate_checkpoint(
+        run.config, checkpoint, seeds=seeds, seed_offset=offset, env_names=[env], temperature=temperature
+    )
     kept.write_text(json.dumps(per_env[env]) + "\n")
     return float(per_env[env]["success"])
 

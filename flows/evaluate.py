@@ -1,7 +1,7 @@
 """Evaluation flows: a checkpoint on fixed held-out seeds, and the regression gate (CI-driven).
 
-``evaluate`` is deterministic given the seeds (greedy decoding by default) and returns the one
-evaluation record (``ragen evaluate --json`` prints the same), optionally written to ``output`` (a
+``evaluate`` is deterministic given the seeds (greedy or seeded sampling at the config's
+``eval.temperature`` unless ``temperature`` says otherwise) and returns the one evaluation record (``ragen evaluate --json`` prints the same), optionally written to ``output`` (a
 path or ``s3://`` URI) where a later ``regression_eval`` run takes it as its ``baseline``.
 ``regression_eval`` plays the candidate on the baseline's seeds, pairs the outcomes seed by seed
 and FAILS the flow run on a statistically real drop in success rate, so a deployment or a CI job
@@ -39,9 +39,16 @@ transient = retry_unless(ValueError, FileNotFoundError, CheckpointError)
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=1, retry_condition_fn=transient)
 def evaluate_checkpoint(
-    checkpoint: str, envs: list[str] | None, seeds: int, seed_offset: int, preset: str | None
+    checkpoint: str,
+    envs: list[str] | None,
+    seeds: int,
+    seed_offset: int,
+    temperature: float | None,
+    preset: str | None,
 ) -> dict[str, Any]:
-    return gate.evaluate(checkpoint, preset=preset, envs=envs, seeds=seeds, seed_offset=seed_offset)
+    return gate.evaluate(
+        checkpoint, preset=preset, envs=envs, seeds=seeds, seed_offset=seed_offset, temperature=temperature
+    )
 
 
 @task(name="write-record", cache_policy=NO_CACHE, retries=1)
@@ -55,6 +62,7 @@ def evaluate(
     envs: list[EnvChoice] | None = None,
     seeds: Annotated[int, Field(ge=1)] = 32,
     seed_offset: Annotated[int, Field(ge=0)] = 1_000_000,
+    temperature: Annotated[float | None, Field(ge=0)] = None,
     preset: PresetChoice | None = None,
     output: str | None = None,
 ) -> dict[str, Any]:
@@ -67,19 +75,20 @@ def evaluate(
         envs: envs to evaluate, e.g. ["bandit"]; empty: the envs of the checkpoint's run
         seeds: held-out seeds per env (one episode each)
         seed_offset: first held-out seed; the seeds are seed_offset .. seed_offset + seeds - 1
+        temperature: sampling temperature, 0 = greedy; empty: the config's eval.temperature
         preset: config for a checkpoint outside a run folder; empty: the config of the checkpoint's run
         output: also write the evaluation record (JSON) here, a path or s3://bucket/key.json, for a
             later regression-eval run to take as its baseline; empty: only the run's result
     """
-    record = evaluate_checkpoint(checkpoint, envs, seeds, seed_offset, preset)
+    record = evaluate_checkpoint(checkpoint, envs, seeds, seed_offset, temperature, preset)
     if output:
         record["output"] = write_record(output, record)
         get_run_logger().info("evaluation record written to %s", output)
     create_table_artifact(
         table=[{"env": env, **m} for env, m in record["envs"].items()],
         key=run_artifact_key("ragen-evaluation"),
-        description=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset})"
-        + (f"; record: {output}" if output else ""),
+        description=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset}, "
+        f"temperature {record['temperature']:g})" + (f"; record: {output}" if output else ""),
     )
     return record
 
@@ -92,10 +101,18 @@ def run_gate(
     min_drop: float,
     seeds: int | None,
     seed_offset: int | None,
+    temperature: float | None,
     preset: str | None,
 ) -> dict[str, Any]:
     outcome = gate.gate(
-        checkpoint, baseline, alpha=alpha, min_drop=min_drop, seeds=seeds, seed_offset=seed_offset, preset=preset
+        checkpoint,
+        baseline,
+        alpha=alpha,
+        min_drop=min_drop,
+        seeds=seeds,
+        seed_offset=seed_offset,
+        temperature=temperature,
+        preset=preset,
     )
     return {"passed": outcome.result.passed, "summary": outcome.result.summary(), "candidate": outcome.candidate}
 
@@ -108,10 +125,12 @@ def regression_eval(
     min_drop: Annotated[float, Field(ge=0, lt=1)] = 0.05,
     seeds: Annotated[int | None, Field(ge=1)] = None,
     seed_offset: Annotated[int | None, Field(ge=0)] = None,
+    temperature: Annotated[float | None, Field(ge=0)] = None,
     preset: PresetChoice | None = None,
     output: str | None = None,
 ) -> dict[str, Any]:
-    """Gate a checkpoint against a baseline: the candidate plays the baseline's seeds, the outcomes
+    """Gate a checkpoint against a baseline: the candidate plays the baseline's seeds at the
+    baseline's sampling temperature, the outcomes
     are paired seed by seed (exact McNemar test), and the run FAILS on a real drop in success rate.
 
     Args:
@@ -122,12 +141,14 @@ def regression_eval(
         min_drop: smallest drop in success rate that counts as a regression
         seeds: seeds per env, only when the baseline is a checkpoint (a record fixes the seeds)
         seed_offset: first seed, only when the baseline is a checkpoint
+        temperature: sampling temperature of both sides (0 = greedy), only when the baseline is a
+            checkpoint; empty: the candidate's config's eval.temperature (a record fixes it)
         preset: config for checkpoints outside a run folder; empty: the config of each checkpoint's run
         output: also write the candidate's evaluation record here (path or s3://bucket/key.json), e.g.
             as the next baseline
     """
     logger = get_run_logger()
-    outcome = run_gate(checkpoint, baseline, alpha, min_drop, seeds, seed_offset, preset)
+    outcome = run_gate(checkpoint, baseline, alpha, min_drop, seeds, seed_offset, temperature, preset)
     create_markdown_artifact(
         markdown=f"**{checkpoint}** vs **{baseline}**\n\n```\n{outcome['summary']}\n```",
         key=run_artifact_key("ragen-regression-gate"),

@@ -173,6 +173,10 @@ def evaluate(
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="held-out seeds per env")] = 32,
     seed_offset: Annotated[int, typer.Option(min=0, help="first held-out seed")] = 1_000_000,
+    temperature: Annotated[
+        float | None,
+        typer.Option(min=0, help="sampling temperature, 0 = greedy (default: the config's eval.temperature)"),
+    ] = None,
     preset: Annotated[
         str | None, typer.Option(help="config to use if the checkpoint is not inside a run folder")
     ] = None,
@@ -186,7 +190,7 @@ def evaluate(
     ] = False,
 ) -> None:
     """Evaluate a checkpoint on fixed held-out seeds (deterministic given the seeds: greedy or seeded
-    sampling, per the config's eval.temperature). Exit 2 on bad input."""
+    sampling at --temperature, default the config's eval.temperature). Exit 2 on bad input."""
     from ragen_tasks.envs import ENV_NAMES
     from ragen_tasks.evaluation import MAX_EVAL_SEEDS
     from ragen_tasks.pipeline import gate
@@ -198,7 +202,9 @@ def evaluate(
         raise _fail(f"--seeds {seeds} is more than {MAX_EVAL_SEEDS} per env; evaluate in blocks with --seed-offset")
     _quiet_model_loading()
     try:
-        record = gate.evaluate(checkpoint, preset=preset, envs=env, seeds=seeds, seed_offset=seed_offset)
+        record = gate.evaluate(
+            checkpoint, preset=preset, envs=env, seeds=seeds, seed_offset=seed_offset, temperature=temperature
+        )
     except _user_errors() as exc:
         raise _fail(str(exc)) from None
     if as_json:
@@ -207,7 +213,10 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset})")
+    table = Table(
+        title=f"held-out evaluation of {checkpoint} ({seeds} seeds from {seed_offset}, "
+        f"temperature {record['temperature']:g})"
+    )
     for column in ("env", "success", "reward", "format errors", "turns", "think chars"):
         table.add_column(column)
     for name, m in record["envs"].items():
@@ -240,6 +249,14 @@ def regress(
         int | None, typer.Option(min=1, help="seeds per env when the baseline is a checkpoint (a record fixes them)")
     ] = None,
     seed_offset: Annotated[int | None, typer.Option(min=0, help="first seed when the baseline is a checkpoint")] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="sampling temperature of both sides when the baseline is a checkpoint, 0 = greedy (default: the "
+            "candidate's eval.temperature; a record fixes it)",
+        ),
+    ] = None,
     preset: Annotated[
         str | None, typer.Option(help="config for checkpoints outside a run folder (default: each one's run)")
     ] = None,
@@ -247,14 +264,21 @@ def regress(
         str | None, typer.Option(help="also write the candidate's evaluation record here (path or s3:// URI)")
     ] = None,
 ) -> None:
-    """Regression gate: play CANDIDATE on the baseline's seeds and compare seed by seed (exact
-    McNemar test). Prints the table; exit 0 on pass, 1 on a regression, 2 on bad input."""
+    """Regression gate: play CANDIDATE on the baseline's seeds at its temperature and compare seed by
+    seed (exact McNemar test). Prints the table; exit 0 on pass, 1 on a regression, 2 on bad input."""
     from ragen_tasks.pipeline import gate
 
     _quiet_model_loading()
     try:
         outcome = gate.gate(
-            candidate, baseline, alpha=alpha, min_drop=min_drop, seeds=seeds, seed_offset=seed_offset, preset=preset
+            candidate,
+            baseline,
+            alpha=alpha,
+            min_drop=min_drop,
+            seeds=seeds,
+            seed_offset=seed_offset,
+            temperature=temperature,
+            preset=preset,
         )
         if output:
             gate.write_json(output, outcome.candidate)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ragen_tasks.cli import app
 from ragen_tasks.evaluation import RECORD_FORMAT
+from ragen_tasks.pipeline import gate
 from tests.conftest import GATE_SEEDS, make_gate_checkpoint
 
 runner = CliRunner()
@@ -67,15 +68,49 @@ def test_a_baseline_checkpoint_is_evaluated_on_the_same_seeds(gate_checkpoints: 
     assert "REGRESSED" in result.stdout
 
 
+def test_the_record_says_its_temperature_and_the_gate_plays_at_it(
+    gate_checkpoints: dict[str, str], tmp_path: Path
+) -> None:
+    good = gate_checkpoints["good"]
+    sampled = _baseline(good, tmp_path / "sampled.json")
+    assert sampled["temperature"] == 1.0  # bandit-tiny's eval.temperature
+    result = runner.invoke(app, ["evaluate", good, "--json", "--seeds", str(GATE_SEEDS), "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    greedy = json.loads(result.stdout)
+    (tmp_path / "greedy.json").write_text(result.stdout)
+    assert greedy["temperature"] == 0
+    assert greedy["per_seed"] != sampled["per_seed"]  # the premise: greedy and sampled play differ on these seeds
+
+    result = runner.invoke(
+        app, ["regress", good, "--baseline", str(tmp_path / "greedy.json"), "--output", str(tmp_path / "cand.json")]
+    )
+    assert result.exit_code == 0, result.output
+    candidate = json.loads((tmp_path / "cand.json").read_text())
+    assert candidate["temperature"] == 0 and candidate["per_seed"] == greedy["per_seed"]
+
+    # A checkpoint baseline: both sides at the temperature asked for.
+    both = gate.gate(good, good, seeds=GATE_SEEDS, temperature=0)
+    assert both.candidate["temperature"] == both.baseline["temperature"] == 0
+    assert both.candidate["per_seed"] == both.baseline["per_seed"] == greedy["per_seed"]
+
+
 def test_bad_input_is_exit_2_with_one_line(gate_checkpoints: dict[str, str], tmp_path: Path) -> None:
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"bandit": {"success": 0.5, "episodes": 24}}))  # the old `--json` shape
-    cases = {
-        "not an evaluation record": ["--baseline", str(old)],
-        "does not exist": ["--baseline", str(tmp_path / "missing.json")],
-        "a baseline record fixes the seeds": ["--baseline", str(old), "--seeds", "8"],
-    }
-    for message, args in cases.items():
+    record = _baseline(gate_checkpoints["good"], tmp_path / "record.json")
+    no_temperature = tmp_path / "no-temperature.json"
+    no_temperature.write_text(json.dumps({k: v for k, v in record.items() if k != "temperature"}))
+    hot = tmp_path / "hot.json"
+    hot.write_text(json.dumps({**record, "temperature": "hot"}))
+    cases = [
+        ("not an evaluation record", ["--baseline", str(old)]),
+        ("does not exist", ["--baseline", str(tmp_path / "missing.json")]),
+        ("a baseline record fixes them", ["--baseline", str(tmp_path / "record.json"), "--seeds", "8"]),
+        ("a baseline record fixes them", ["--baseline", str(tmp_path / "record.json"), "--temperature", "0"]),
+        ("does not say temperature", ["--baseline", str(no_temperature)]),
+        ("temperature='hot' is not a number", ["--baseline", str(hot)]),
+    ]
+    for message, args in cases:
         result = runner.invoke(app, ["regress", gate_checkpoints["good"], *args])
         assert result.exit_code == 2, (message, result.output)
         lines = [line for line in result.output.splitlines() if line.strip()]

@@ -113,17 +113,24 @@ def evaluate(
     envs: list[str] | None = None,
     seeds: int | None = None,
     seed_offset: int | None = None,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     """The evaluation record of checkpoint ``uri`` (local or ``s3://``) on held-out seeds
-    ``seed_offset .. seed_offset + seeds - 1`` per env (defaults: the config's ``eval`` block)."""
+    ``seed_offset .. seed_offset + seeds - 1`` per env, sampled at ``temperature`` (0 = greedy;
+    defaults: the config's ``eval`` block). The record says the seeds and the temperature it played."""
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy decoding)")
     checkpoint = fetch_checkpoint(uri)
     config = config_for(checkpoint, preset)
     seeds = config.eval.seeds if seeds is None else seeds
     seed_offset = config.eval.seed_offset if seed_offset is None else seed_offset
+    temperature = config.eval.temperature if temperature is None else temperature
     per_env, trajectories = evaluate_checkpoint(
-        config, checkpoint.path, seeds=seeds, seed_offset=seed_offset, env_names=envs
+        config, checkpoint.path, seeds=seeds, seed_offset=seed_offset, env_names=envs, temperature=temperature
     )
-    return eval_record(per_env, trajectories, checkpoint=uri, seeds=seeds, seed_offset=seed_offset)
+    return eval_record(
+        per_env, trajectories, checkpoint=uri, seeds=seeds, seed_offset=seed_offset, temperature=temperature
+    )
 
 
 def is_record_uri(uri: str) -> bool:
@@ -149,32 +156,49 @@ def gate(
     min_drop: float = 0.05,
     seeds: int | None = None,
     seed_offset: int | None = None,
+    temperature: float | None = None,
     preset: str | None = None,
 ) -> GateRun:
     """Gate checkpoint ``candidate`` against ``baseline`` (a record or a checkpoint, see the module
-    docstring). With a record, the candidate plays the record's envs and seed block (``seeds`` /
-    ``seed_offset`` must then be unset); with a checkpoint, both play ``seeds`` from ``seed_offset``.
+    docstring). With a record, the candidate plays the record's envs, seed block and sampling
+    temperature (``seeds`` / ``seed_offset`` / ``temperature`` must then be unset); with a checkpoint,
+    both play ``seeds`` from ``seed_offset`` at ``temperature`` (default: the candidate's config's), so
+    two runs whose presets evaluate at different temperatures are still compared like for like.
     Raises ValueError / FileNotFoundError on bad input, which is never a verdict."""
     if is_record_uri(baseline):
-        if seeds is not None or seed_offset is not None:
+        if seeds is not None or seed_offset is not None or temperature is not None:
             raise ValueError(
-                "seeds / seed_offset: a baseline record fixes the seeds (the candidate plays the same ones); "
-                "leave them unset, or pass a baseline checkpoint"
+                "seeds / seed_offset / temperature: a baseline record fixes them (the candidate plays the same "
+                "seeds at the same temperature); leave them unset, or pass a baseline checkpoint"
             )
         base = check_record(read_json(baseline), f"baseline {baseline!r}")
-        if not {"seeds", "seed_offset"} <= set(base):
-            raise ValueError(f"baseline {baseline!r} does not say its seeds (seeds, seed_offset); write it anew")
+        missing = [key for key in ("seeds", "seed_offset", "temperature") if key not in base]
+        if missing:
+            raise ValueError(
+                f"baseline {baseline!r} does not say {' / '.join(missing)}: write it anew with "
+                "`ragen evaluate CHECKPOINT --json` (add `--temperature T` to choose the sampling)"
+            )
+        for key, kinds, least in (("seeds", int, 1), ("seed_offset", int, 0), ("temperature", (int, float), 0)):
+            value = base[key]
+            if isinstance(value, bool) or not isinstance(value, kinds) or value < least:
+                raise ValueError(f"baseline {baseline!r}: {key}={value!r} is not a number >= {least}; write it anew")
         cand = evaluate(
             candidate,
             preset=preset,
             envs=sorted(base["per_seed"]),
             seeds=base["seeds"],
             seed_offset=base["seed_offset"],
+            temperature=base["temperature"],
         )
     else:
-        cand = evaluate(candidate, preset=preset, seeds=seeds, seed_offset=seed_offset)
+        cand = evaluate(candidate, preset=preset, seeds=seeds, seed_offset=seed_offset, temperature=temperature)
         base = evaluate(
-            baseline, preset=preset, envs=sorted(cand["per_seed"]), seeds=cand["seeds"], seed_offset=cand["seed_offset"]
+            baseline,
+            preset=preset,
+            envs=sorted(cand["per_seed"]),
+            seeds=cand["seeds"],
+            seed_offset=cand["seed_offset"],
+            temperature=cand["temperature"],
         )
     result = regression_gate(cand["per_seed"], base["per_seed"], alpha=alpha, min_drop=min_drop)
     return GateRun(result, cand, base)

@@ -113,9 +113,11 @@ def evaluate_checkpoint(
     seeds: int | None = None,
     seed_offset: int | None = None,
     env_names: list[str] | None = None,
+    temperature: float | None = None,
 ) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
     """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
-    a name not in the mixture is evaluated with its default config). Deterministic given the seeds."""
+    a name not in the mixture is evaluated with its default config), sampled at ``temperature``
+    (default ``config.eval.temperature``; 0 = greedy). Deterministic given the seeds."""
     by_name = {s.name: s for s in config.envs}
     specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
     offset = config.eval.seed_offset if seed_offset is None else seed_offset
@@ -131,7 +133,7 @@ def evaluate_checkpoint(
         config,
         Path(path),
         tasks,
-        temperature=config.eval.temperature,
+        temperature=config.eval.temperature if temperature is None else temperature,
         seed=sampling_seed,
         policy_version=int(verified.get("policy_version", 0)),
         weights_fingerprint=str(verified.get("fingerprint", "")),
