@@ -114,7 +114,7 @@ def run_gate(
         temperature=temperature,
         preset=preset,
     )
-    return {"passed": outcome.result.passed, "summary": outcome.result.summary(), "candidate": outcome.candidate}
+    return {"passed": outcome.result.passed, "summary": outcome.summary(), "candidate": outcome.candidate}
 
 
 @flow(name="ragen-regression-eval", persist_result=True)

@@ -284,7 +284,7 @@ def regress(
             gate.write_json(output, outcome.candidate)
     except _user_errors() as exc:  # bad input (exit 2), never a verdict
         raise _fail(str(exc)) from None
-    typer.echo(outcome.result.summary())
+    typer.echo(outcome.summary())
     if not outcome.result.passed:
         raise typer.Exit(1)
 

@@ -85,6 +85,7 @@ def test_the_record_says_its_temperature_and_the_gate_plays_at_it(
         app, ["regress", good, "--baseline", str(tmp_path / "greedy.json"), "--output", str(tmp_path / "cand.json")]
     )
     assert result.exit_code == 0, result.output
+    assert f"played: {GATE_SEEDS} seeds per env from 1000000, temperature 0" in result.stdout
     candidate = json.loads((tmp_path / "cand.json").read_text())
     assert candidate["temperature"] == 0 and candidate["per_seed"] == greedy["per_seed"]
 

@@ -147,6 +147,12 @@ class GateRun:
     candidate: dict[str, Any]  # the candidate's evaluation record
     baseline: dict[str, Any]  # the baseline's evaluation record
 
+    def summary(self) -> str:
+        """The verdict table and what both sides played (the same seeds and temperature)."""
+        c = self.candidate
+        played = f"  played: {c['seeds']} seeds per env from {c['seed_offset']}, temperature {c['temperature']:g}"
+        return f"{self.result.summary()}\n{played}"
+
 
 def gate(
     candidate: str,
