@@ -1,8 +1,9 @@
 """Evaluation flows: a checkpoint on fixed held-out seeds, and the regression gate (CI-driven).
 
-``evaluate`` is deterministic given the seeds (greedy or seeded sampling at the config's
-``eval.temperature`` unless ``temperature`` says otherwise) and returns the one evaluation record (``ragen evaluate --json`` prints the same), optionally written to ``output`` (a
-path or ``s3://`` URI) where a later ``regression_eval`` run takes it as its ``baseline``.
+``evaluate`` is deterministic given the seeds (greedy or seeded sampling at ``temperature``, default
+the config's ``eval.temperature``) and returns the one evaluation record (``ragen evaluate --json``
+prints the same), optionally written to ``output`` (a path or ``s3://`` URI) where a later
+``regression_eval`` run takes it as its ``baseline``.
 ``regression_eval`` plays the candidate on the baseline's seeds, pairs the outcomes seed by seed
 and FAILS the flow run on a statistically real drop in success rate, so a deployment or a CI job
 running it goes red. Checkpoints and baselines may be local paths or ``s3://`` URIs.
@@ -130,8 +131,8 @@ def regression_eval(
     output: str | None = None,
 ) -> dict[str, Any]:
     """Gate a checkpoint against a baseline: the candidate plays the baseline's seeds at the
-    baseline's sampling temperature, the outcomes
-    are paired seed by seed (exact McNemar test), and the run FAILS on a real drop in success rate.
+    baseline's sampling temperature, the outcomes are paired seed by seed (exact McNemar test), and
+    the run FAILS on a real drop in success rate.
 
     Args:
         checkpoint: the candidate: checkpoint folder or s3:// URI

@@ -118,8 +118,6 @@ def evaluate(
     """The evaluation record of checkpoint ``uri`` (local or ``s3://``) on held-out seeds
     ``seed_offset .. seed_offset + seeds - 1`` per env, sampled at ``temperature`` (0 = greedy;
     defaults: the config's ``eval`` block). The record says the seeds and the temperature it played."""
-    if temperature is not None and temperature < 0:
-        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy decoding)")
     checkpoint = fetch_checkpoint(uri)
     config = config_for(checkpoint, preset)
     seeds = config.eval.seeds if seeds is None else seeds

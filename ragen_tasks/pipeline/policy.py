@@ -118,6 +118,9 @@ def evaluate_checkpoint(
     """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
     a name not in the mixture is evaluated with its default config), sampled at ``temperature``
     (default ``config.eval.temperature``; 0 = greedy). Deterministic given the seeds."""
+    temperature = config.eval.temperature if temperature is None else temperature
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy decoding)")
     by_name = {s.name: s for s in config.envs}
     specs = list(config.envs) if not env_names else [by_name.get(n, EnvSpec(name=n)) for n in env_names]
     offset = config.eval.seed_offset if seed_offset is None else seed_offset
@@ -133,7 +136,7 @@ def evaluate_checkpoint(
         config,
         Path(path),
         tasks,
-        temperature=config.eval.temperature if temperature is None else temperature,
+        temperature=temperature,
         seed=sampling_seed,
         policy_version=int(verified.get("policy_version", 0)),
         weights_fingerprint=str(verified.get("fingerprint", "")),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ragen_tasks import pipeline
 from ragen_tasks.presets import load_config
 from tests.conftest import TINY_RUN
@@ -26,3 +28,9 @@ def test_held_out_evaluation_is_deterministic_per_seed_block_and_independent_acr
 
     assert first_replies(5_000_000) == first_replies(5_000_000)
     assert first_replies(5_000_000) != first_replies(7_000_000)  # another block draws other samples, not the same noise
+
+
+def test_a_negative_temperature_is_refused_naming_it(tmp_path: Path) -> None:
+    run = _run(tmp_path, "eval-temperature")
+    with pytest.raises(ValueError, match=r"temperature=-0.5: must be >= 0"):
+        pipeline.evaluate_checkpoint(run.config, tmp_path / "never-read", temperature=-0.5)
