@@ -10,7 +10,8 @@ nor the presets' tuning ever used (``--eval-offset``, default 2,000,000; trainin
 * SFT+RL: the run's final checkpoint;
 * random play and the ceiling at the agent's budget, on the same seeds
   (``ragen_tasks.evaluation.reference_points``);
-* RL's gain: the one-sided two-proportion z of SFT+RL over SFT-only, per seed and pooled.
+* RL's gain: the one-sided two-proportion z of SFT+RL over SFT-only, per seed and pooled (all RL runs
+  against each distinct SFT-only policy once: runs from one cached warm start share its evaluation).
 
 Evaluation samples at each of ``--temperatures``: 0.5 is the paper's validation setting (and the
 game presets'), 1.0 the policy RL trains, 0 greedy decoding. Greedy is there to tell learning from
@@ -168,10 +169,12 @@ def main() -> None:
         labels = [str(seed) for seed in args.seeds] + added_labels
         for temperature in args.temperatures:
             sft, rl, zs = [], [], []
+            sft_by_policy: dict[Path, float] = {}  # each distinct SFT-only policy once: runs may share a warm start
             for seed, (summary, wall, _cpu) in zip(labels, runs, strict=True):
                 final = Path(summary["final_checkpoint"])  # <store>/<run>/checkpoints/step_N
                 cache = final.parents[2] / summary["warm_start"]["cache_run"] / "checkpoints" / "step_000000"
                 sft.append(success(cache, env, args.eval_seeds, args.eval_offset, temperature))
+                sft_by_policy[cache.resolve()] = sft[-1]
                 rl.append(success(final, env, args.eval_seeds, args.eval_offset, temperature))
                 zs.append(one_sided_z(sft[-1], args.eval_seeds, rl[-1], args.eval_seeds))
                 print(
@@ -179,8 +182,15 @@ def main() -> None:
                     f"z {zs[-1]:+.2f}  wall {wall / 60:.1f} min",
                     flush=True,
                 )
-            n = args.eval_seeds * len(runs)  # the seeds trained here and the runs added with --runs
-            pooled_z = one_sided_z(statistics.fmean(sft), n, statistics.fmean(rl), n)
+            # Pooled: every RL run's episodes against every distinct SFT-only policy's. Runs that share
+            # one warm start share its evaluation too (the same checkpoint on the same seeds), which
+            # counts once, not once per run.
+            pooled_z = one_sided_z(
+                statistics.fmean(sft_by_policy.values()),
+                args.eval_seeds * len(sft_by_policy),
+                statistics.fmean(rl),
+                args.eval_seeds * len(runs),
+            )
             ceiling = "-" if reference["ceiling"] is None else f"{reference['ceiling']:.3f}"
             rows.append(
                 f"| {preset} ({env}) | {temperature:g} | {joined(sft, '.3f')} | {joined(rl, '.3f')} "
