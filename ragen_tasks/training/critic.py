@@ -31,9 +31,25 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # input_ids, attention_mask: (B, T); attention_mask 1 = real token
-        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        mask = model_attention_mask(attention_mask)
+        hidden = self.base(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (B, T, H)
         v = self.head(hidden).squeeze(-1).float()  # (B, T): V of the prefix ending at t
         return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)  # (B, T): aligned to tokens
+
+
+def model_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """The mask to hand the transformer for a (B, T) batch (``attention_mask`` 1 = real token).
+
+    None when every row is right-padded (real tokens first, then only pads: a ``TokenBatch``'s
+    layout). Causal attention alone then keeps every real token from the pads, which all come after
+    it, and position ids count from 0 in each row either way, so the real tokens' outputs equal the
+    masked pass's; without a mask, SDPA's causal kernel skips the score blocks above the diagonal
+    that a mask would have it compute and discard (bench/RESULTS.md, "Training passes without the
+    padding mask"). What the pads' own columns hold changes, and every consumer masks them out.
+    Any other layout (left padding) keeps its mask.
+    """
+    right_padded = bool((attention_mask[:, :-1] >= attention_mask[:, 1:]).all())
+    return None if right_padded else attention_mask
 
 
 def make_critic(actor: nn.Module) -> ValueModel:
@@ -62,7 +78,8 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Aligned per-token log-probs (and entropies) of ``input_ids`` under ``model``.
 
-    input_ids, attention_mask: (B, T). Returns ``(logprobs (B, T), entropy (B, T) or None)`` where
+    input_ids, attention_mask: (B, T), any padding (a right-padded batch runs without the mask:
+    ``model_attention_mask``). Returns ``(logprobs (B, T), entropy (B, T) or None)`` where
     column t describes token t (predicted by the logits at t - 1) and column 0 is 0.
     ``entropy_grad=False`` computes the entropy without building its autograd graph (a metric
     only, not a loss term).
@@ -81,7 +98,7 @@ def token_logprobs(
     if keep.numel() == 0:
         return out, entropy_out
     pred = model(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep
+        input_ids=input_ids, attention_mask=model_attention_mask(attention_mask), use_cache=False, logits_to_keep=keep
     ).logits  # (B, K, V): column k predicts token keep[k] + 1
     out[:, keep + 1] = logprobs_from_logits(pred, input_ids[:, keep + 1]).float()
     if entropy_out is not None:

@@ -230,6 +230,55 @@ def test_token_logprobs_at_wanted_positions_equal_the_full_pass_with_the_same_gr
     assert (nothing == 0).all()
 
 
+def test_right_padded_passes_without_the_mask_equal_each_row_alone_with_the_same_gradients() -> None:
+    """The training passes hand a right-padded batch to the model without its padding mask: each real
+    token's log-prob, value and gradient must equal those of its row run alone, unpadded."""
+    from ragen_tasks.training.critic import model_attention_mask, token_logprobs
+
+    torch.manual_seed(0)
+    actor = tiny_actor(seed=0)
+    critic = make_critic(actor)
+    torch.nn.init.normal_(critic.head.weight)  # a zero head would make every value (and its gradient) 0
+    lengths = [20, 13, 7]
+    ids = torch.zeros((3, 20), dtype=torch.long)  # (B, T), right-padded with pad id 0
+    attention = torch.zeros_like(ids)  # (B, T) 1 = real token
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(2, 60, (n,))
+        attention[row, :n] = 1
+    assert model_attention_mask(attention) is None
+    left = attention.flip(1)  # the same rows left-padded: the mask is needed and kept
+    assert model_attention_mask(left) is left
+
+    def grads(module: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+        module.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+    real = attention.bool()
+    logp, _ = token_logprobs(actor, ids, attention)  # (B, T)
+    values = critic(ids, attention)  # (B, T)
+    batch_grads = grads(actor, (logp * real).sum()), grads(critic, (values * real).sum())
+    alone_grads = None
+    for row, n in enumerate(lengths):
+        one = ids[row : row + 1, :n]  # (1, n) the row without padding
+        row_logp, _ = token_logprobs(actor, one, torch.ones_like(one))
+        row_values = critic(one, torch.ones_like(one))
+        torch.testing.assert_close(logp[row : row + 1, :n], row_logp, rtol=0, atol=1e-5)
+        torch.testing.assert_close(values[row : row + 1, :n], row_values, rtol=0, atol=1e-5)
+        step = grads(actor, row_logp.sum()), grads(critic, row_values.sum())
+        alone_grads = (
+            step
+            if alone_grads is None
+            else tuple(
+                [a + b for a, b in zip(acc, new, strict=True)] for acc, new in zip(alone_grads, step, strict=True)
+            )
+        )
+    assert alone_grads is not None
+    for summed, batched in zip(alone_grads, batch_grads, strict=True):
+        for g_alone, g_batch in zip(summed, batched, strict=True):
+            torch.testing.assert_close(g_batch, g_alone, rtol=1e-4, atol=1e-5)
+
+
 def test_every_configured_advantage_estimator_is_registered() -> None:
     from typing import get_args
 
