@@ -262,9 +262,8 @@ def minibatch_step(
     ``backend``) equal the whole minibatch's gradient.
 
     Returns (the minibatch's metrics as scalar tensors, reduced over the ranks: loss shares summed,
-    ``actor/ratio_max`` a max, token means weighted by tokens; ``actor/entropy`` from each rank's
-    first micro-batch unless it is in the loss; grad norms; whether the optimizer stepped; tokens
-    this rank processed).
+    ``actor/ratio_max`` a max, token means (``actor/entropy`` among them) weighted by tokens; grad
+    norms; whether the optimizer stepped; tokens this rank processed).
     """
     lmask = batch.loss_mask[rows]  # (n, T) 1 = token trained on
     denom = _denominator(lmask, algo.loss_agg)
@@ -287,12 +286,14 @@ def minibatch_step(
         last = i == len(plan) - 1
         keep = 0.0 if micro.padding else 1.0  # a padding micro-batch adds nothing (see batching)
         share = keep * float(mb.loss_mask.sum()) / trained_tokens  # weight of its token means
-        with actor.forward_context(last_micro_batch=last):  # entropy: for the bonus, else a metric on micro-batch 0
+        # entropy in every micro-batch: for the bonus, else a metric over the whole minibatch (micro-batch 0
+        # alone would be its longest rows, as micro-batches are cut longest first)
+        with actor.forward_context(last_micro_batch=last):
             logprobs, entropy = token_logprobs(
                 actor.forward_module,
                 mb.input_ids,
                 mb.attention_mask,
-                with_entropy=algo.entropy_coef > 0 or i == 0,
+                with_entropy=True,
                 entropy_grad=algo.entropy_coef > 0,
                 positions=mb.loss_mask > 0,
             )  # (b, t) real where loss_mask = 1, the only tokens the losses read
@@ -322,8 +323,6 @@ def minibatch_step(
                 loss = loss + algo.kl_coef * kl
                 m.update(km)
             actor.backward(loss * keep, last_micro_batch=last)
-        if "actor/entropy" in m:  # a token mean over the micro-batches that computed it
-            sums["entropy/share"] = sums["entropy/share"] + share
         _accumulate(sums, m, keep, share)
         if critic is not None:
             assert adv.returns is not None and old.values is not None
@@ -342,8 +341,6 @@ def minibatch_step(
             _accumulate(sums, vm, keep, share)
         tokens += 0 if micro.padding else int(mb.lengths.sum())
     reduced = _reduce_over_ranks(sums)
-    if "entropy/share" in reduced:
-        reduced["actor/entropy"] = reduced["actor/entropy"] / reduced.pop("entropy/share").clamp_min(1e-12)
     grad_norm, stepped = actor.step()
     reduced["actor/grad_norm"] = torch.tensor(grad_norm)
     if critic is not None:

@@ -62,7 +62,8 @@ def test_gae_parameters_move_and_first_clipfrac_zero():
 
 
 def test_gradient_accumulation_matches_full_minibatch():
-    """Micro-batches of 3 accumulate the same gradient as one pass over the 16-row minibatch.
+    """Micro-batches of 3 accumulate the same gradient as one pass over the 16-row minibatch, and
+    report the same metrics (the entropy too: every micro-batch computes it).
 
     Compared through plain SGD (lr 1: the weight change IS the clipped gradient), not AdamW: Adam
     divides by sqrt(v), which turns float round-off on a ~1e-8 gradient into a lr-sized change
@@ -78,8 +79,9 @@ def test_gradient_accumulation_matches_full_minibatch():
         m = ppo_update(batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0))
         assert m["actor/steps"] == 1
         change = {k: v - before[k] for k, v in actor_m.state_dict().items()}  # = -clipped gradient
-        results.append((change, m["actor/grad_norm"]))
-    assert results[0][1] == pytest.approx(results[1][1], rel=1e-4)
+        results.append((change, m))
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
+        assert results[0][1][key] == pytest.approx(results[1][1][key], rel=1e-4, abs=1e-6), key
     for k, v in results[0][0].items():
         torch.testing.assert_close(v, results[1][0][k], rtol=1e-4, atol=1e-6, msg=k)
 
