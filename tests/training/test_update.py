@@ -260,22 +260,16 @@ def test_right_padded_passes_without_the_mask_equal_each_row_alone_with_the_same
     logp, _ = token_logprobs(actor, ids, attention)  # (B, T)
     values = critic(ids, attention)  # (B, T)
     batch_grads = grads(actor, (logp * real).sum()), grads(critic, (values * real).sum())
-    alone_grads = None
+    logp_alone_sum = values_alone_sum = torch.zeros(())  # each row's sum, run alone: their gradients add up
     for row, n in enumerate(lengths):
         one = ids[row : row + 1, :n]  # (1, n) the row without padding
         row_logp, _ = token_logprobs(actor, one, torch.ones_like(one))
         row_values = critic(one, torch.ones_like(one))
         torch.testing.assert_close(logp[row : row + 1, :n], row_logp, rtol=0, atol=1e-5)
         torch.testing.assert_close(values[row : row + 1, :n], row_values, rtol=0, atol=1e-5)
-        step = grads(actor, row_logp.sum()), grads(critic, row_values.sum())
-        alone_grads = (
-            step
-            if alone_grads is None
-            else tuple(
-                [a + b for a, b in zip(acc, new, strict=True)] for acc, new in zip(alone_grads, step, strict=True)
-            )
-        )
-    assert alone_grads is not None
+        logp_alone_sum = logp_alone_sum + row_logp.sum()
+        values_alone_sum = values_alone_sum + row_values.sum()
+    alone_grads = grads(actor, logp_alone_sum), grads(critic, values_alone_sum)
     for summed, batched in zip(alone_grads, batch_grads, strict=True):
         for g_alone, g_batch in zip(summed, batched, strict=True):
             torch.testing.assert_close(g_batch, g_alone, rtol=1e-4, atol=1e-5)
