@@ -11,7 +11,9 @@ nor the presets' tuning ever used (``--eval-offset``, default 2,000,000; trainin
 * random play and the ceiling at the agent's budget, on the same seeds
   (``ragen_tasks.evaluation.reference_points``);
 * RL's gain: the one-sided two-proportion z of SFT+RL over SFT-only, per seed and pooled (all RL runs
-  against each distinct SFT-only policy once: runs from one cached warm start share its evaluation).
+  against each distinct SFT-only policy once: runs from one cached warm start share its evaluation);
+  and, as both play the same held-out seeds, the paired exact McNemar p per seed (one-sided: the rooms
+  only SFT+RL solves against those only SFT-only solves; ``evaluation.pair_outcomes``).
 
 Evaluation samples at each of ``--temperatures``: 0.5 is the paper's validation setting (and the
 game presets'), 1.0 the policy RL trains, 0 greedy decoding. Greedy is there to tell learning from
@@ -25,6 +27,8 @@ Usage::
     python bench/science.py [--presets sokoban frozenlake bandit] [--seeds 0 1 2]
                             [--eval-seeds 512] [--eval-offset 2000000] [--temperatures 0.5 1.0 0]
                             [--store DIR] [--out FILE] [--set key=value ...] [--runs RUN_DIR ...]
+
+``--seeds`` with no value trains nothing and tabulates only the ``--runs``.
 """
 
 from __future__ import annotations
@@ -97,33 +101,41 @@ def check_same_settings(run_dir: Path, preset: str, settings: list[str]) -> None
         )
 
 
-def success(checkpoint: Path, env: str, seeds: int, offset: int, temperature: float) -> float:
-    """Held-out success of ``checkpoint`` on ``env`` (the config of the run that made it), sampled
-    at ``temperature``. Kept beside the run (``bench-eval-*.json``), so rerunning the table (e.g.
-    with more runs) evaluates only what is new."""
+def evaluation(checkpoint: Path, env: str, seeds: int, offset: int, temperature: float) -> dict[str, Any]:
+    """Held-out evaluation of ``checkpoint`` on ``env`` (the config of the run that made it), sampled
+    at ``temperature``: the env's metrics (``success``, ...) and ``per_seed`` outcomes. Kept beside the
+    run (``bench-eval-*.json``), so rerunning the table (e.g. with more runs) evaluates only what is new."""
     from ragen_tasks import pipeline
+    from ragen_tasks.evaluation import per_seed_outcomes
 
     run = pipeline.run_of_checkpoint(checkpoint)
     if run is None:
         raise SystemExit(f"{checkpoint} is not inside a run folder")
     kept = checkpoint.parents[1] / f"bench-eval-{checkpoint.name}-{env}-T{temperature:g}-{offset}-{seeds}.json"
     if kept.exists():
-        return float(json.loads(kept.read_text())["success"])
-    per_env, _ = pipeline.evaluate_checkpoint(
+        record: dict[str, Any] = json.loads(kept.read_text())
+        if "per_seed" in record:  # older versions of this benchmark kept the metrics only: those evaluate again
+            return record
+    per_env, trajectories = pipeline.evaluate_checkpoint(
         run.config, checkpoint, seeds=seeds, seed_offset=offset, env_names=[env], temperature=temperature
     )
-    kept.write_text(json.dumps(per_env[env]) + "\n")
-    return float(per_env[env]["success"])
+    record = {**per_env[env], "per_seed": per_seed_outcomes(trajectories)[env]}
+    kept.write_text(json.dumps(record) + "\n")
+    return record
 
 
 def joined(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in values)
+    """``values`` formatted and joined by " / "; "-" for an unknown (nan) one, e.g. the time of a run
+    this benchmark did not start."""
+    return " / ".join("-" if math.isnan(v) else format(v, fmt) for v in values)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["sokoban", "frozenlake", "bandit"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds", nargs="*", type=int, default=[0, 1, 2], help="training seeds to run (none: only the --runs)"
+    )
     parser.add_argument("--eval-seeds", type=int, default=512)
     parser.add_argument("--eval-offset", type=int, default=2_000_000)
     parser.add_argument(
@@ -145,7 +157,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from ragen_tasks.evaluation import one_sided_z, reference_points
+    from ragen_tasks.evaluation import one_sided_z, pair_outcomes, reference_points
     from ragen_tasks.presets import load_config
 
     rows = []
@@ -165,21 +177,28 @@ def main() -> None:
                 )
             added.append((summary, *kept_times(folder)))
             added_labels.append(folder.name)
+        if not args.seeds and not added:
+            raise SystemExit(f"{preset}: nothing to tabulate: give --seeds to train, or --runs of its game ({env})")
         runs = [train(preset, seed, args.store, args.overrides) for seed in args.seeds] + added
         labels = [str(seed) for seed in args.seeds] + added_labels
         for temperature in args.temperatures:
-            sft, rl, zs = [], [], []
+            sft, rl, zs, paired_ps = [], [], [], []
             sft_by_policy: dict[Path, float] = {}  # each distinct SFT-only policy once: runs may share a warm start
             for seed, (summary, wall, _cpu) in zip(labels, runs, strict=True):
                 final = Path(summary["final_checkpoint"])  # <store>/<run>/checkpoints/step_N
                 cache = final.parents[2] / summary["warm_start"]["cache_run"] / "checkpoints" / "step_000000"
-                sft.append(success(cache, env, args.eval_seeds, args.eval_offset, temperature))
+                before = evaluation(cache, env, args.eval_seeds, args.eval_offset, temperature)
+                after = evaluation(final, env, args.eval_seeds, args.eval_offset, temperature)
+                sft.append(float(before["success"]))
                 sft_by_policy[cache.resolve()] = sft[-1]
-                rl.append(success(final, env, args.eval_seeds, args.eval_offset, temperature))
+                rl.append(float(after["success"]))
                 zs.append(one_sided_z(sft[-1], args.eval_seeds, rl[-1], args.eval_seeds))
+                pair = pair_outcomes(before["per_seed"], after["per_seed"], env, names=("SFT-only", "SFT+RL"))
+                paired_ps.append(pair.p_second_better())
                 print(
                     f"{preset} seed {seed} T={temperature}: SFT-only {sft[-1]:.3f}  SFT+RL {rl[-1]:.3f}  "
-                    f"z {zs[-1]:+.2f}  wall {wall / 60:.1f} min",
+                    f"z {zs[-1]:+.2f}  paired: {pair.second_only} rooms won, {pair.first_only} lost, "
+                    f"p {paired_ps[-1]:.2g}  wall {joined([wall / 60], '.1f')} min",
                     flush=True,
                 )
             # Pooled: every RL run's episodes against every distinct SFT-only policy's. Runs that share
@@ -194,16 +213,22 @@ def main() -> None:
             ceiling = "-" if reference["ceiling"] is None else f"{reference['ceiling']:.3f}"
             rows.append(
                 f"| {preset} ({env}) | {temperature:g} | {joined(sft, '.3f')} | {joined(rl, '.3f')} "
-                f"| {joined(zs, '+.1f')} (pooled {pooled_z:+.1f}) | {reference['random']:.3f} | {ceiling} "
+                f"| {joined(zs, '+.1f')} (pooled {pooled_z:+.1f}) | {joined(paired_ps, '.2g')} "
+                f"| {reference['random']:.3f} | {ceiling} "
                 f"| {joined([wall / 60 for _, wall, _ in runs], '.1f')} | {joined([cpu / 60 for *_, cpu in runs], '.1f')} |"
             )
     table = "\n".join(
         [
-            f"Held-out success on {args.eval_seeds} seeds from {args.eval_offset} per run; training seeds {args.seeds}"
-            f"{' and the runs ' + ', '.join(p.name for p in args.runs) if args.runs else ''}.",
+            f"Held-out success on {args.eval_seeds} seeds from {args.eval_offset} per run; "
+            + " and ".join(
+                ([f"training seeds {args.seeds}"] if args.seeds else [])
+                + ([f"the runs {', '.join(p.name for p in args.runs)}"] if args.runs else [])
+            )
+            + ".",
             "",
-            "| preset (game) | eval T | SFT-only | SFT+RL | z (RL over SFT) | random | ceiling | wall (min) | CPU (min) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| preset (game) | eval T | SFT-only | SFT+RL | z (RL over SFT) | paired p (RL over SFT) | random | ceiling "
+            "| wall (min) | CPU (min) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
     )

@@ -146,15 +146,19 @@ def _summary_text(summary: dict[str, Any]) -> str:
         )
     if summary.get("warm_start", {}).get("cache") == "hit":
         lines.append(f"warm start: reused from the cache ({summary['warm_start'].get('cache_run')})")
-    lines.append("held-out success   before RL -> after RL   z      random  ceiling")
+    lines.append("held-out success   before RL -> after RL   z      paired p  random  ceiling")
     for env, before in summary.get("eval_before_rl", {}).items():
         after = summary.get("eval_after_rl", {}).get(env, {})
         reference = summary.get("reference", {}).get(env, {})
         z = summary.get("rl_gain_z", {}).get(env)
+        paired = summary.get("rl_gain_paired", {}).get(env)
         lines.append(
             f"  {env:<16} {before['success']:.3f}  ->  {after.get('success', float('nan')):.3f}"
-            f"   {'   -' if z is None else f'{z:+5.1f}'}  {_rate(reference.get('random'))}   {_rate(reference.get('ceiling'))}"
+            f"   {'   -' if z is None else f'{z:+5.1f}'}  {'-' if paired is None else format(paired['p'], '.2g'):>8}"
+            f"  {_rate(reference.get('random'))}   {_rate(reference.get('ceiling'))}"
         )
+    if summary.get("rl_gain_paired"):
+        lines.append("  (z: two proportions; paired p: exact McNemar on the same held-out seeds, one-sided)")
     if summary.get("stopped"):
         lines.append(f"stopped early: {summary['stopped']}")
     return "\n".join(lines)

@@ -158,6 +158,52 @@ def binomial_tail(k: int, n: int) -> float:
 
 
 @dataclass(frozen=True)
+class PairedOutcomes:
+    """Two evaluations of one env compared seed by seed, on the seeds both played."""
+
+    seeds: int  # shared seeds (the pairs)
+    first_success: float  # the first evaluation's success rate on those seeds
+    second_success: float  # the second's
+    first_only: int  # seeds the first solved and the second did not
+    second_only: int  # seeds the second solved and the first did not
+
+    def p_second_better(self) -> float:
+        """Exact one-sided McNemar p of "the second solves more": under no difference each discordant
+        seed is the second's with probability 1/2, so p = P(Binomial(discordant, 1/2) >= second_only)."""
+        return binomial_tail(self.second_only, self.first_only + self.second_only)
+
+    def p_first_better(self) -> float:
+        """The same test the other way round: p = P(Binomial(discordant, 1/2) >= first_only)."""
+        return binomial_tail(self.first_only, self.first_only + self.second_only)
+
+
+def pair_outcomes(
+    first: Sequence[Mapping[str, Any]],
+    second: Sequence[Mapping[str, Any]],
+    env_name: str,
+    names: tuple[str, str] = ("first evaluation", "second evaluation"),
+) -> PairedOutcomes:
+    """Pair two evaluations' per-seed outcomes (``per_seed_outcomes`` rows of one env) on their shared
+    seeds. Pairing removes each seed's own difficulty from the comparison, so a real difference shows
+    with fewer seeds than two independent proportions need. No shared seed is an error; ``names`` name
+    the two evaluations in its message."""
+    a = {int(o["seed"]): bool(o["success"]) for o in first}
+    b = {int(o["seed"]): bool(o["success"]) for o in second}
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        raise ValueError(
+            f"{env_name}: the {names[1]} shares no seed with the {names[0]}; evaluate it on the {names[0]}'s seeds"
+        )
+    return PairedOutcomes(
+        seeds=len(shared),
+        first_success=sum(a[s] for s in shared) / len(shared),
+        second_success=sum(b[s] for s in shared) / len(shared),
+        first_only=sum(a[s] and not b[s] for s in shared),
+        second_only=sum(b[s] and not a[s] for s in shared),
+    )
+
+
+@dataclass(frozen=True)
 class EnvVerdict:
     env_name: str
     seeds: int  # seeds evaluated in both the baseline and the candidate (the pairs)
@@ -217,18 +263,19 @@ def regression_gate(
         raise ValueError(f"evaluation is missing envs present in the baseline: {missing}")
     verdicts = []
     for env_name in sorted(baseline):
-        base = {int(o["seed"]): bool(o["success"]) for o in baseline[env_name]}
-        cur = {int(o["seed"]): bool(o["success"]) for o in current[env_name]}
-        shared = sorted(set(base) & set(cur))
-        if not shared:
-            raise ValueError(
-                f"{env_name}: the candidate shares no seed with the baseline; evaluate it on the baseline's seeds"
+        pair = pair_outcomes(baseline[env_name], current[env_name], env_name, names=("baseline", "candidate"))
+        p_value = pair.p_first_better()  # the baseline solving more is the candidate regressing
+        regressed = pair.first_success - pair.second_success > min_drop and p_value < alpha
+        verdicts.append(
+            EnvVerdict(
+                env_name,
+                pair.seeds,
+                pair.first_success,
+                pair.second_success,
+                losses=pair.first_only,
+                gains=pair.second_only,
+                p_value=p_value,
+                regressed=regressed,
             )
-        losses = sum(base[s] and not cur[s] for s in shared)
-        gains = sum(cur[s] and not base[s] for s in shared)
-        p_base = sum(base[s] for s in shared) / len(shared)
-        p_cur = sum(cur[s] for s in shared) / len(shared)
-        p_value = binomial_tail(losses, losses + gains)
-        regressed = p_base - p_cur > min_drop and p_value < alpha
-        verdicts.append(EnvVerdict(env_name, len(shared), p_base, p_cur, losses, gains, p_value, regressed))
+        )
     return GateResult(passed=not any(v.regressed for v in verdicts), verdicts=verdicts, alpha=alpha, min_drop=min_drop)

@@ -93,10 +93,12 @@ def _plot_png(
 
 
 def _results_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Per game: held-out success before RL (the warm start) and after, RL's z, random play and the
-    ceiling at the agent's budget on the same seeds, formatted for the results table."""
+    """Per game: held-out success before RL (the warm start) and after, RL's gain (two-proportion z and
+    the paired exact McNemar p on the same seeds), random play and the ceiling at the agent's budget on
+    the same seeds, formatted for the results table."""
     before, after = summary.get("eval_before_rl", {}), summary.get("eval_after_rl", {})
     reference, gain = summary.get("reference", {}), summary.get("rl_gain_z", {})
+    paired = summary.get("rl_gain_paired", {})
 
     def rate(value: Any) -> str:
         return "-" if value is None else f"{float(value):.3f}"
@@ -107,6 +109,7 @@ def _results_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
             "before": rate(before[env].get("success")),
             "after": rate(after.get(env, {}).get("success")),
             "z": "-" if env not in gain else f"{float(gain[env]):+.2f}",
+            "paired_p": "-" if env not in paired else f"{float(paired[env]['p']):.2g}",
             "random": rate(reference.get(env, {}).get("random")),
             "ceiling": rate(reference.get(env, {}).get("ceiling")),
             "seeds": str(int(before[env].get("episodes", 0))),

@@ -3,20 +3,22 @@
 ``summary.json`` (in the run folder) holds the preset, iterations, the final checkpoint, and the
 held-out evaluation of the policy BEFORE RL (checkpoint 0, after the warm start) and AFTER RL
 (the final checkpoint), per env, so the learning it shows is RL's; beside them, per env, the
-game's reference points on the same seeds (ceiling at the agent's budget, random play) and the
-one-sided z of RL's gain in success over the warm start.
+game's reference points on the same seeds (ceiling at the agent's budget, random play), and RL's
+gain in success over the warm start twice over: the one-sided two-proportion z (``rl_gain_z``) and,
+as both evaluations play the same seeds, the paired exact McNemar test (``rl_gain_paired``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ragen_tasks import pipeline
 from ragen_tasks.data.trajectory import Trajectory
-from ragen_tasks.evaluation import one_sided_z, reference_points
+from ragen_tasks.evaluation import one_sided_z, pair_outcomes, reference_points
 from ragen_tasks.report import write_report
 
 log = logging.getLogger(__name__)
@@ -65,11 +67,13 @@ def finish_run(
         # A run the guard stopped hands on its last healthy checkpoint, not the collapsed one.
         stopped = {**stopped, "collapsed_step": final_step}
         final_step = int(stopped["last_healthy_step"])
-    before = pipeline.initial_eval(run)["envs"]
-    after: dict[str, dict[str, float]] = {}
+    initial = pipeline.initial_eval(run)
+    before = initial["envs"]
+    final: dict[str, Any] = {}
     if rows:  # the final policy's held-out evaluation (a no-op if the last iteration already ran it)
         name = "eval" if final_step == int(rows[-1]["policy/next_step"]) else "final"
-        after = dict(pipeline.evaluate(run, len(rows) - 1, final_step, name=name)["envs"])
+        final = pipeline.evaluate(run, len(rows) - 1, final_step, name=name)
+    after: dict[str, dict[str, float]] = dict(final.get("envs", {}))
     config = run.config
     reference = {  # one spec per game name: evaluation aggregates by name
         spec.name: reference_points(spec, config.agent, seeds=config.eval.seeds, seed_offset=config.eval.seed_offset)
@@ -91,6 +95,7 @@ def finish_run(
             for env, b in before.items()
             if env in after
         },
+        "rl_gain_paired": rl_gain_paired(initial.get("per_seed", {}), final.get("per_seed", {})),
     }
     if stopped:
         summary["stopped"] = stopped
@@ -101,6 +106,25 @@ def finish_run(
     tmp.replace(run.run_dir / "summary.json")
     write_run_report(run, summary)  # publishes both files to an s3:// store
     return summary
+
+
+def rl_gain_paired(
+    before: Mapping[str, Sequence[Mapping[str, Any]]], after: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, dict[str, float]]:
+    """RL's gain per env, paired seed by seed on the held-out seeds both evaluations played:
+    ``{env: {"seeds", "gains" (solved after RL only), "losses" (before only), "p"}}``, p the exact
+    one-sided McNemar p of "RL solves more" (``evaluation.PairedOutcomes.p_second_better``). Envs
+    whose evaluations kept no per-seed outcomes are left out."""
+    out = {}
+    for env in sorted(set(before) & set(after)):
+        pair = pair_outcomes(before[env], after[env], env, names=("evaluation before RL", "evaluation after RL"))
+        out[env] = {
+            "seeds": pair.seeds,
+            "gains": pair.second_only,
+            "losses": pair.first_only,
+            "p": pair.p_second_better(),
+        }
+    return out
 
 
 RUN_FILES = ("summary.json", "report.html")

@@ -93,20 +93,24 @@ def test_report_of_a_non_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_the_summary_lines_put_rl_beside_random_play_and_the_ceiling() -> None:
     from ragen_tasks.cli import _summary_text
 
-    text = _summary_text(
-        {
-            "store": "runs/x",
-            "report": "runs/x/report.html",
-            "final_checkpoint": "runs/x/checkpoints/step_000040",
-            "warm_start": {"cache": "hit", "cache_run": "warm-start-0123456789abcdef"},
-            "eval_before_rl": {"sokoban": {"success": 0.41}},
-            "eval_after_rl": {"sokoban": {"success": 0.62}},
-            "reference": {"sokoban": {"ceiling": 0.977, "random": 0.041}},
-            "rl_gain_z": {"sokoban": 4.8},
-        }
-    )
+    summary = {
+        "store": "runs/x",
+        "report": "runs/x/report.html",
+        "final_checkpoint": "runs/x/checkpoints/step_000040",
+        "warm_start": {"cache": "hit", "cache_run": "warm-start-0123456789abcdef"},
+        "eval_before_rl": {"sokoban": {"success": 0.41}},
+        "eval_after_rl": {"sokoban": {"success": 0.62}},
+        "reference": {"sokoban": {"ceiling": 0.977, "random": 0.041}},
+        "rl_gain_z": {"sokoban": 4.8},
+    }
+    text = _summary_text(summary)
     assert "reused from the cache (warm-start-0123456789abcdef)" in text
-    assert text.splitlines()[-1].split() == ["sokoban", "0.410", "->", "0.620", "+4.8", "0.041", "0.977"]
+    # a run whose evaluations kept no per-seed outcomes has no paired test: a dash in its column
+    assert text.splitlines()[-1].split() == ["sokoban", "0.410", "->", "0.620", "+4.8", "-", "0.041", "0.977"]
+    paired = {"sokoban": {"seeds": 512, "gains": 40, "losses": 12, "p": 7.1e-5}}
+    lines = _summary_text({**summary, "rl_gain_paired": paired}).splitlines()
+    assert lines[-2].split() == ["sokoban", "0.410", "->", "0.620", "+4.8", "7.1e-05", "0.041", "0.977"]
+    assert "exact McNemar" in lines[-1]
 
 
 # --- bad input is one line and exit code 2, checked before Prefect starts (no flow run, no run id used) ----

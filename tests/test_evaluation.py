@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ragen_tasks.evaluation import binomial_tail, check_record, regression_gate
+from ragen_tasks.evaluation import binomial_tail, check_record, pair_outcomes, regression_gate
 
 
 def _outcomes(successes: list[bool], offset: int = 0) -> list[dict[str, object]]:
@@ -132,3 +132,15 @@ def test_reference_points_on_fixed_games() -> None:
 
     bandit = reference_points(EnvSpec(name="bandit"), AgentConfig(max_turns=1), seeds=200, seed_offset=0)
     assert bandit["ceiling"] == 1.0 and 0.35 < bandit["random"] < 0.65
+
+
+def test_paired_outcomes_count_the_discordant_shared_seeds() -> None:
+    first = _outcomes([True, True, False, False, True])  # seeds 0..4
+    second = _outcomes([True, False, True, True, True, True])  # seeds 0..5: seed 5 is not shared
+    pair = pair_outcomes(first, second, "e")
+    assert (pair.seeds, pair.first_only, pair.second_only) == (5, 1, 2)
+    assert (pair.first_success, pair.second_success) == (0.6, 0.8)
+    assert pair.p_second_better() == pytest.approx(4 / 8)  # P(Binomial(3, 1/2) >= 2)
+    assert pair.p_first_better() == pytest.approx(7 / 8)  # P(Binomial(3, 1/2) >= 1)
+    with pytest.raises(ValueError, match="after RL shares no seed with the before RL"):
+        pair_outcomes(first, _outcomes([True], offset=50), "e", names=("before RL", "after RL"))

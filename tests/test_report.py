@@ -36,6 +36,7 @@ def test_the_report_opens_with_the_per_game_results_beside_random_play_and_the_c
         "eval_after_rl": {"sokoban": {"success": 0.62, "episodes": 256.0}},
         "reference": {"sokoban": {"ceiling": 0.977, "random": 0.041}},
         "rl_gain_z": {"sokoban": 4.8},
+        "rl_gain_paired": {"sokoban": {"seeds": 256, "gains": 60, "losses": 8, "p": 1.2e-11}},
     }
     page = write_report(tmp_path / "report.html", title="t", history=[], summary=summary).read_text()
 
@@ -49,8 +50,8 @@ def test_the_report_opens_with_the_per_game_results_beside_random_play_and_the_c
 
     parser = Cells()
     parser.feed(page[page.index("Held-out success per game") :])
-    row = parser.cells[parser.cells.index("sokoban") : parser.cells.index("sokoban") + 7]
-    assert row == ["sokoban", "0.410", "0.620", "+4.80", "0.041", "0.977", "256"]
+    row = parser.cells[parser.cells.index("sokoban") : parser.cells.index("sokoban") + 8]
+    assert row == ["sokoban", "0.410", "0.620", "+4.80", "1.2e-11", "0.041", "0.977", "256"]
 
 
 def test_the_report_renders_in_a_real_browser(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,7 @@ from ragen_tasks.algos import filter_groups, rollout_health_from_trajectories
 from ragen_tasks.config import ConfigError, TrainConfig, with_overrides
 from ragen_tasks.data.freshness import freshness_report
 from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.evaluation import per_seed_outcomes
 from ragen_tasks.guard import GuardDecision
 from ragen_tasks.models.presets import PRESETS
 from ragen_tasks.pipeline.lineage import fingerprint, marker_fingerprint, policy_step, trusted_fingerprints
@@ -270,15 +271,16 @@ def evaluate_step(
 def evaluate(run: Run, iteration: int, step: int, *, name: str = "eval") -> dict[str, Any]:
     """Held-out evaluation of checkpoint ``step`` (by default the policy the iteration hands on),
     committed as ``iter_<iteration>/eval/<name>``; a retry or resume reads the committed result
-    instead of evaluating again."""
+    instead of evaluating again. The result: ``{"envs": per-env metrics, "policy_version": step,
+    "per_seed": per_seed_outcomes}`` (results committed before the outcomes were kept lack ``per_seed``)."""
     if not run.store.has_manifest(run.run_id, iteration, "eval", name):
-        per_env, _ = evaluate_step(run, step)
+        per_env, trajectories = evaluate_step(run, step)
         run.store.write_json(
             run.run_id,
             iteration,
             "eval",
             name,
-            {"envs": per_env, "policy_version": step},
+            {"envs": per_env, "policy_version": step, "per_seed": per_seed_outcomes(trajectories)},
             producer=PRODUCER,
             policy_version=step,
         )

@@ -66,6 +66,12 @@ def test_two_iterations_then_resume(tmp_path: Path) -> None:
     assert set(on_disk["eval_before_rl"]) == set(on_disk["eval_after_rl"]) == {"bandit", "frozen_lake"}
     assert Path(summary["report"]).exists()
     assert "bandit_high_ev_choice_rate" in on_disk["warm_start"]
+    for env, paired in on_disk["rl_gain_paired"].items():  # the same held-out seeds before and after RL
+        before, after = on_disk["eval_before_rl"][env], on_disk["eval_after_rl"][env]
+        assert paired["seeds"] == before["episodes"] == after["episodes"]
+        assert paired["gains"] - paired["losses"] == round((after["success"] - before["success"]) * paired["seeds"])
+        assert 0 < paired["p"] <= 1
+    assert set(on_disk["rl_gain_paired"]) == {"bandit", "frozen_lake"}
     keys = _artifact_keys()
     assert {"flow-test-metrics", "flow-test-progress", "flow-test-warm-start", "flow-test-summary"} <= keys
 
