@@ -88,6 +88,13 @@ class RolloutConfig(_Frozen):
     engine: str = Field("hf", description="hf, vllm, openai, or a dotted path 'module:Class'")
     groups: int = Field(8, ge=1, description="task diversity: initial states per iteration")
     group_size: int = Field(8, ge=1, description="rollouts per initial state (GRPO / filter group size)")
+    min_plan_length: int = Field(
+        0,
+        ge=0,
+        description="curriculum over difficulty: train only on initial states whose shortest solution takes at "
+        "least this many actions (games with a solver: sokoban); 0 = the game's own distribution. Held-out "
+        "evaluation always plays the game's own distribution",
+    )
     temperature: float = Field(
         1.0,
         ge=0,
@@ -509,6 +516,15 @@ class TrainConfig(_Frozen):
                 "agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
                 "(GAE gives observation tokens no advantage); set one of them differently"
             )
+        if self.rollout.min_plan_length:
+            from ragen_tasks.envs.registry import has_solver
+
+            unsolvable = [spec.name for spec in self.envs if not has_solver(spec.name)]
+            if unsolvable:
+                raise ValueError(
+                    f"rollout.min_plan_length={self.rollout.min_plan_length} needs games with a solver (sokoban); "
+                    f"{', '.join(unsolvable)} has none: set rollout.min_plan_length to 0"
+                )
         if self.guard.action in ("stop", "rollback") and self.checkpoint.keep_last < 2:
             raise ValueError(
                 f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "

@@ -33,6 +33,11 @@ def config_model(name: str) -> type[BaseModel]:
     return _lookup(name)[1]
 
 
+def has_solver(name: str) -> bool:
+    """Whether the game can compute the shortest solution of its initial state (``solve()``)."""
+    return callable(getattr(_lookup(name)[0], "solve", None))
+
+
 def make(name: str, **config: Any) -> TextGame:
     """A ready game: ``make("sokoban", dim_room=(8, 8), num_boxes=2)``. Call ``reset(seed=...)`` next.
 

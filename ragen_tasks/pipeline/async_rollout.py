@@ -90,6 +90,7 @@ def worker_tasks(run: Run, worker: str, seq: int) -> list[RolloutTask]:
         config.seed,
         stream,
         seed_space=config.eval.seed_offset,
+        min_plan_length=config.rollout.min_plan_length,
     )
     return [replace(t, traj_id=f"{name}-{t.traj_id.split('-', 1)[1]}") for t in tasks]
 

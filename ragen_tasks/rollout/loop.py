@@ -17,7 +17,8 @@ Decisions:
 * Invalid actions: see ``ragen_tasks.agent.parsing`` (the valid prefix runs, the turn is penalised).
 
 Also here: ``make_group_tasks`` (groups of rollouts sharing an initial state, seeds derived with
-``numpy.random.SeedSequence`` from (seed, iteration, group), never ``hash()``).
+``numpy.random.SeedSequence`` from (seed, iteration, group), never ``hash()``; optionally only initial
+states whose shortest solution is long enough: a curriculum over difficulty).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -338,6 +340,7 @@ def make_group_tasks(
     *,
     seed_offset: int = 0,
     seed_space: int = 1_000_000,
+    min_plan_length: int = 0,
 ) -> list[RolloutTask]:
     """``groups`` initial states x ``group_size`` rollouts each; rollouts of a group share the env seed.
 
@@ -346,15 +349,20 @@ def make_group_tasks(
     ``seed_offset + SeedSequence([seed, iteration, g]) % seed_space``: training uses
     ``seed_offset=0`` and ``seed_space <= eval.seed_offset`` so held-out evaluation seeds (from
     ``eval.seed_offset`` up) never appear in training.
+
+    ``min_plan_length > 0`` (``rollout.min_plan_length``) keeps the groups to initial states whose
+    shortest solution (the game's ``solve()``) takes at least that many actions: group ``g`` takes
+    the first of its candidate seeds (draw 0 the seed above, draw ``k`` from
+    ``SeedSequence([seed, iteration, g, k])``) that qualifies. Unsolvable states never qualify.
     """
     if groups < 1 or group_size < 1:
         raise ValueError(f"groups={groups} and group_size={group_size} must both be >= 1")
     if not env_specs:
         raise ValueError("env_specs: give at least one EnvSpec")
-    if seed < 0 or iteration < 0 or seed_offset < 0 or seed_space < 1:
+    if seed < 0 or iteration < 0 or seed_offset < 0 or seed_space < 1 or min_plan_length < 0:
         raise ValueError(
-            f"seed={seed}, iteration={iteration}, seed_offset={seed_offset} must be >= 0 "
-            f"and seed_space={seed_space} >= 1"
+            f"seed={seed}, iteration={iteration}, seed_offset={seed_offset}, min_plan_length={min_plan_length} "
+            f"must be >= 0 and seed_space={seed_space} >= 1"
         )
     weights = np.array([spec.weight for spec in env_specs], dtype=np.float64)
     shares = weights / weights.sum() * groups
@@ -364,9 +372,17 @@ def make_group_tasks(
     specs = [spec for spec, n in zip(env_specs, counts, strict=True) for _ in range(int(n))]
 
     tasks: list[RolloutTask] = []
+
+    def candidate(g: int, draw: int) -> int:
+        entropy = [seed, iteration, g] if draw == 0 else [seed, iteration, g, draw]
+        state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)
+        return seed_offset + int(state[0] % np.uint64(seed_space))
+
     for g, spec in enumerate(specs):
-        state = np.random.SeedSequence([seed, iteration, g]).generate_state(2, dtype=np.uint64)
-        env_seed = seed_offset + int(state[0] % np.uint64(seed_space))
+        if min_plan_length:
+            env_seed = _seed_with_long_plan(spec, partial(candidate, g), min_plan_length)
+        else:
+            env_seed = candidate(g, 0)
         for r in range(group_size):
             tasks.append(
                 RolloutTask(
@@ -378,6 +394,32 @@ def make_group_tasks(
                 )
             )
     return tasks
+
+
+#: Candidate seeds a group draws before ``rollout.min_plan_length`` is called unreachable.
+CURRICULUM_DRAWS = 1000
+
+
+def _seed_with_long_plan(spec: EnvSpec, candidate: Callable[[int], int], min_plan_length: int) -> int:
+    """The first ``candidate(draw)`` seed whose initial state's shortest solution takes at least
+    ``min_plan_length`` actions; ValueError if the game has no solver or none of ``CURRICULUM_DRAWS`` does."""
+    env = _make_env(spec.name, spec.config)
+    solve = getattr(env, "solve", None)
+    if not callable(solve):
+        raise ValueError(
+            f"rollout.min_plan_length={min_plan_length} needs a game with a solver (sokoban); "
+            f"{spec.name} has none: set rollout.min_plan_length to 0"
+        )
+    for draw in range(CURRICULUM_DRAWS):
+        env_seed = candidate(draw)
+        env.reset(seed=env_seed)
+        plan = solve()
+        if plan is not None and len(plan) >= min_plan_length:
+            return env_seed
+    raise ValueError(
+        f"rollout.min_plan_length={min_plan_length}: none of {CURRICULUM_DRAWS} initial states of {spec.name} "
+        "drawn needs that many actions; lower it"
+    )
 
 
 def make_eval_tasks(env_specs: Sequence[EnvSpec], num_seeds: int, seed_offset: int) -> list[RolloutTask]:

@@ -55,6 +55,12 @@ def test_bad_value_names_the_field() -> None:
         load_config("default", ["algo.clip_low=1.5"])
 
 
+def test_a_curriculum_by_plan_length_needs_a_game_with_a_solver() -> None:
+    assert load_config("sokoban", ["rollout.min_plan_length=6"]).rollout.min_plan_length == 6
+    with pytest.raises(ConfigError, match=r"rollout.min_plan_length=6 needs games with a solver.*frozen_lake has none"):
+        load_config("default", ["rollout.min_plan_length=6"])
+
+
 def test_malformed_set() -> None:
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config("default", ["optim.lr"])

@@ -1,4 +1,5 @@
-"""make_group_tasks / make_eval_tasks: groups share a seed, seeds are deterministic, envs mixed by weight."""
+"""make_group_tasks / make_eval_tasks: groups share a seed, seeds are deterministic, envs mixed by weight,
+a curriculum keeps initial states with long enough solutions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections import Counter
 import pytest
 
 from ragen_tasks.config import EnvSpec
+from ragen_tasks.envs import make
+from ragen_tasks.rollout import loop
 from ragen_tasks.rollout.loop import make_eval_tasks, make_group_tasks
 
 SPECS = [EnvSpec(name="bandit", weight=1.0), EnvSpec(name="sokoban", weight=3.0, config={"num_boxes": 1})]
@@ -59,3 +62,34 @@ def test_bad_arguments(kw: dict[str, int]) -> None:
     args = {"groups": 2, "group_size": 2, "seed": 0, "iteration": 0, **kw}
     with pytest.raises(ValueError, match=next(iter(kw))):
         make_group_tasks(SPECS, **args)
+
+
+def _plan_length(seed: int) -> int | None:
+    env = make("sokoban")
+    env.reset(seed=seed)
+    plan = env.solve()  # type: ignore[attr-defined]
+    return None if plan is None else len(plan)
+
+
+def test_curriculum_keeps_initial_states_with_long_enough_plans() -> None:
+    sokoban = [EnvSpec(name="sokoban")]
+    plain = make_group_tasks(sokoban, groups=24, group_size=2, seed=4, iteration=3)
+    hard = make_group_tasks(sokoban, groups=24, group_size=2, seed=4, iteration=3, min_plan_length=7)
+    assert hard == make_group_tasks(sokoban, groups=24, group_size=2, seed=4, iteration=3, min_plan_length=7)
+    plain_lengths = [_plan_length(t.seed) for t in plain[::2]]
+    hard_lengths = [_plan_length(t.seed) for t in hard[::2]]
+    assert all(n is not None and n >= 7 for n in hard_lengths)
+    assert any(n is None or n < 7 for n in plain_lengths)  # the game's own distribution has easier rooms
+    # A group whose first draw already qualifies keeps it: the curriculum only replaces the easy ones.
+    for p, h, n in zip(plain[::2], hard[::2], plain_lengths, strict=True):
+        if n is not None and n >= 7:
+            assert h.seed == p.seed
+    assert [(t.group_id, t.traj_id) for t in hard] == [(t.group_id, t.traj_id) for t in plain]
+
+
+def test_curriculum_errors_name_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"rollout.min_plan_length=3 needs a game with a solver.*bandit has none"):
+        make_group_tasks([EnvSpec(name="bandit")], groups=1, group_size=1, seed=0, iteration=0, min_plan_length=3)
+    monkeypatch.setattr(loop, "CURRICULUM_DRAWS", 5)
+    with pytest.raises(ValueError, match=r"min_plan_length=99: none of 5 initial states of sokoban .* lower it"):
+        make_group_tasks([EnvSpec(name="sokoban")], groups=1, group_size=1, seed=0, iteration=0, min_plan_length=99)
