@@ -92,7 +92,8 @@ class RolloutConfig(_Frozen):
         0,
         ge=0,
         description="curriculum over difficulty: train only on initial states whose shortest solution takes at "
-        "least this many actions (games with a solver: sokoban); 0 = the game's own distribution. Held-out "
+        "least this many actions and no more than the game's max_actions_per_episode (games with a solver: "
+        "sokoban); 0 = the game's own distribution. Held-out "
         "evaluation always plays the game's own distribution",
     )
     temperature: float = Field(

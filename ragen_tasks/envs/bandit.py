@@ -93,6 +93,7 @@ class BanditEnv(TextGame):
     """
 
     name = "bandit"
+    config: BanditConfig
     render_mode = "ansi"
 
     def __init__(self, config: BanditConfig | None = None, **overrides: Any) -> None:

@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
+from ragen_tasks.envs._common import GameConfig
+
 
 def canonical_action(text: str, action_names: Sequence[str]) -> str | None:
     """Map ``text`` to one of ``action_names`` case-insensitively (whitespace stripped), else None."""
@@ -44,6 +46,8 @@ class TextGame(gym.Env[str, str]):
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 (gymnasium declares it an instance attribute)
     #: Registry name of the game, e.g. ``"sokoban"``.
     name: ClassVar[str] = ""
+    #: The game's validated options (its own ``GameConfig`` subclass), ``max_actions_per_episode`` among them.
+    config: GameConfig
 
     @property
     def action_names(self) -> tuple[str, ...]:

@@ -321,6 +321,7 @@ class FrozenLakeEnv(TextGame):
     """
 
     name = "frozen_lake"
+    config: FrozenLakeConfig
     render_mode = "ansi"
 
     def __init__(self, config: FrozenLakeConfig | None = None, **overrides: Any) -> None:

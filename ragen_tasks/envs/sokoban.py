@@ -411,6 +411,7 @@ class SokobanEnv(TextGame):
     """
 
     name = "sokoban"
+    config: SokobanConfig
     render_mode = "ansi"
 
     def __init__(self, config: SokobanConfig | None = None, **overrides: Any) -> None:

@@ -353,7 +353,8 @@ def make_group_tasks(
     ``min_plan_length > 0`` (``rollout.min_plan_length``) keeps the groups to initial states whose
     shortest solution (the game's ``solve()``) takes at least that many actions: group ``g`` takes
     the first of its candidate seeds (draw 0 the seed above, draw ``k`` from
-    ``SeedSequence([seed, iteration, g, k])``) that qualifies. Unsolvable states never qualify.
+    ``SeedSequence([seed, iteration, g, k])``) that qualifies. States that cannot be solved within
+    the game's ``max_actions_per_episode`` never qualify: no rollout of theirs can succeed.
     """
     if groups < 1 or group_size < 1:
         raise ValueError(f"groups={groups} and group_size={group_size} must both be >= 1")
@@ -402,8 +403,10 @@ CURRICULUM_DRAWS = 1000
 
 def _seed_with_long_plan(spec: EnvSpec, candidate: Callable[[int], int], min_plan_length: int) -> int:
     """The first ``candidate(draw)`` seed whose initial state's shortest solution takes at least
-    ``min_plan_length`` actions; ValueError if the game has no solver or none of ``CURRICULUM_DRAWS`` does."""
+    ``min_plan_length`` actions and fits the episode's action budget; ValueError if the game has no
+    solver or none of ``CURRICULUM_DRAWS`` qualifies."""
     env = _make_env(spec.name, spec.config)
+    budget = env.config.max_actions_per_episode
     solve = getattr(env, "solve", None)
     if not callable(solve):
         raise ValueError(
@@ -414,11 +417,11 @@ def _seed_with_long_plan(spec: EnvSpec, candidate: Callable[[int], int], min_pla
         env_seed = candidate(draw)
         env.reset(seed=env_seed)
         plan = solve()
-        if plan is not None and len(plan) >= min_plan_length:
+        if plan is not None and min_plan_length <= len(plan) <= budget:
             return env_seed
     raise ValueError(
         f"rollout.min_plan_length={min_plan_length}: none of {CURRICULUM_DRAWS} initial states of {spec.name} "
-        "drawn needs that many actions; lower it"
+        f"drawn needs that many actions and can be solved within max_actions_per_episode={budget}; lower it"
     )
 
 
