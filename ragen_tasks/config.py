@@ -96,6 +96,13 @@ class RolloutConfig(_Frozen):
         "sokoban); 0 = the game's own distribution. Held-out "
         "evaluation always plays the game's own distribution",
     )
+    long_plan_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="with rollout.min_plan_length: the share of each iteration's groups drawn from the long plans "
+        "(the first round(share * groups)); the rest keep the game's own distribution",
+    )
     temperature: float = Field(
         1.0,
         ge=0,

@@ -91,6 +91,7 @@ def worker_tasks(run: Run, worker: str, seq: int) -> list[RolloutTask]:
         stream,
         seed_space=config.eval.seed_offset,
         min_plan_length=config.rollout.min_plan_length,
+        long_plan_share=config.rollout.long_plan_share,
     )
     return [replace(t, traj_id=f"{name}-{t.traj_id.split('-', 1)[1]}") for t in tasks]
 

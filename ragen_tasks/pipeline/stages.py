@@ -147,6 +147,7 @@ def generate_tasks(run: Run, iteration: int) -> dict[str, Any]:
             iteration,
             seed_space=config.eval.seed_offset,
             min_plan_length=config.rollout.min_plan_length,
+            long_plan_share=config.rollout.long_plan_share,
         )
         run.store.write_json(run.run_id, iteration, "tasks", "tasks", [t.__dict__ for t in tasks], producer=PRODUCER)
     tasks_json, _ = run.store.read_json(run.run_id, iteration, "tasks", "tasks")

@@ -341,6 +341,7 @@ def make_group_tasks(
     seed_offset: int = 0,
     seed_space: int = 1_000_000,
     min_plan_length: int = 0,
+    long_plan_share: float = 1.0,
 ) -> list[RolloutTask]:
     """``groups`` initial states x ``group_size`` rollouts each; rollouts of a group share the env seed.
 
@@ -355,11 +356,15 @@ def make_group_tasks(
     the first of its candidate seeds (draw 0 the seed above, draw ``k`` from
     ``SeedSequence([seed, iteration, g, k])``) that qualifies. States that cannot be solved within
     the game's ``max_actions_per_episode`` never qualify: no rollout of theirs can succeed.
+    ``long_plan_share`` (``rollout.long_plan_share``) applies that to the first
+    ``round(long_plan_share * groups)`` groups only; the others keep draw 0, the game's own mix.
     """
     if groups < 1 or group_size < 1:
         raise ValueError(f"groups={groups} and group_size={group_size} must both be >= 1")
     if not env_specs:
         raise ValueError("env_specs: give at least one EnvSpec")
+    if not 0 < long_plan_share <= 1:
+        raise ValueError(f"long_plan_share={long_plan_share} must be in (0, 1]")
     if seed < 0 or iteration < 0 or seed_offset < 0 or seed_space < 1 or min_plan_length < 0:
         raise ValueError(
             f"seed={seed}, iteration={iteration}, seed_offset={seed_offset}, min_plan_length={min_plan_length} "
@@ -373,6 +378,7 @@ def make_group_tasks(
     specs = [spec for spec, n in zip(env_specs, counts, strict=True) for _ in range(int(n))]
 
     tasks: list[RolloutTask] = []
+    long_groups = round(long_plan_share * groups) if min_plan_length else 0
 
     def candidate(g: int, draw: int) -> int:
         entropy = [seed, iteration, g] if draw == 0 else [seed, iteration, g, draw]
@@ -380,7 +386,7 @@ def make_group_tasks(
         return seed_offset + int(state[0] % np.uint64(seed_space))
 
     for g, spec in enumerate(specs):
-        if min_plan_length:
+        if g < long_groups:
             env_seed = _seed_with_long_plan(spec, partial(candidate, g), min_plan_length)
         else:
             env_seed = candidate(g, 0)

@@ -88,6 +88,21 @@ def test_curriculum_keeps_initial_states_with_long_enough_plans() -> None:
     assert [(t.group_id, t.traj_id) for t in hard] == [(t.group_id, t.traj_id) for t in plain]
 
 
+def test_curriculum_share_mixes_long_plans_with_the_games_own_rooms() -> None:
+    sokoban = [EnvSpec(name="sokoban")]
+    plain = make_group_tasks(sokoban, groups=24, group_size=2, seed=4, iteration=3)
+    full = make_group_tasks(sokoban, groups=24, group_size=2, seed=4, iteration=3, min_plan_length=7)
+    mixed = make_group_tasks(
+        sokoban, groups=24, group_size=2, seed=4, iteration=3, min_plan_length=7, long_plan_share=0.25
+    )
+    # The first round(0.25 * 24) = 6 groups are the curriculum's; the other 18 are the game's own draws.
+    assert [t.seed for t in mixed[: 6 * 2]] == [t.seed for t in full[: 6 * 2]]
+    assert [t.seed for t in mixed[6 * 2 :]] == [t.seed for t in plain[6 * 2 :]]
+    assert any(t.seed != p.seed for t, p in zip(mixed[6 * 2 :], full[6 * 2 :], strict=True))
+    with pytest.raises(ValueError, match=r"long_plan_share=0 must be in \(0, 1\]"):
+        make_group_tasks(sokoban, groups=2, group_size=1, seed=0, iteration=0, min_plan_length=7, long_plan_share=0)
+
+
 def test_curriculum_errors_name_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"rollout.min_plan_length=3 needs a game with a solver.*bandit has none"):
         make_group_tasks([EnvSpec(name="bandit")], groups=1, group_size=1, seed=0, iteration=0, min_plan_length=3)
