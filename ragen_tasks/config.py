@@ -525,20 +525,46 @@ class TrainConfig(_Frozen):
                 "(GAE gives observation tokens no advantage); set one of them differently"
             )
         if self.rollout.min_plan_length:
-            from ragen_tasks.envs.registry import has_solver
-
-            unsolvable = [spec.name for spec in self.envs if not has_solver(spec.name)]
-            if unsolvable:
-                raise ValueError(
-                    f"rollout.min_plan_length={self.rollout.min_plan_length} needs games with a solver (sokoban); "
-                    f"{', '.join(unsolvable)} has none: set rollout.min_plan_length to 0"
-                )
+            self._curriculum_fits()
         if self.guard.action in ("stop", "rollback") and self.checkpoint.keep_last < 2:
             raise ValueError(
                 f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "
                 f"checkpoint must survive pruning); got {self.checkpoint.keep_last}"
             )
         return self
+
+    def _curriculum_fits(self) -> None:
+        """``rollout.min_plan_length`` can be met: games with a solver, plans within the episode's
+        action budget, and at least one group of each iteration drawn from the long plans."""
+        from ragen_tasks.envs._common import load_config
+        from ragen_tasks.envs.registry import config_model, has_solver
+
+        length = self.rollout.min_plan_length
+        unsolvable = [spec.name for spec in self.envs if not has_solver(spec.name)]
+        if unsolvable:
+            raise ValueError(
+                f"rollout.min_plan_length={length} needs games with a solver (sokoban); "
+                f"{', '.join(unsolvable)} has none: set rollout.min_plan_length to 0"
+            )
+        if length > self.agent.max_actions_per_episode:
+            raise ValueError(
+                f"rollout.min_plan_length={length} is more than agent.max_actions_per_episode="
+                f"{self.agent.max_actions_per_episode}: no room that long can be solved; lower it"
+            )
+        for spec in self.envs:
+            budget = load_config(config_model(spec.name), spec.name, spec.config).max_actions_per_episode
+            if length > budget:
+                raise ValueError(
+                    f"rollout.min_plan_length={length} is more than {spec.name}.max_actions_per_episode={budget}: "
+                    "no room that long can be solved; lower it"
+                )
+        long_groups = round(self.rollout.long_plan_share * self.rollout.groups)
+        if long_groups == 0:
+            raise ValueError(
+                f"rollout.long_plan_share={self.rollout.long_plan_share} of rollout.groups={self.rollout.groups} "
+                f"rounds to no group, so rollout.min_plan_length={length} would change nothing: raise "
+                f"long_plan_share to at least {1 / self.rollout.groups:.3g} or set min_plan_length to 0"
+            )
 
 
 def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
+from ragen_tasks.envs._common import GameConfig
 from ragen_tasks.envs.bandit import BanditConfig, BanditEnv
 from ragen_tasks.envs.base import TextGame
 from ragen_tasks.envs.frozen_lake import FrozenLakeConfig, FrozenLakeEnv
 from ragen_tasks.envs.sokoban import SokobanConfig, SokobanEnv
 
 #: name -> (game class, its config model). Add a line here for a new game.
-_REGISTRY: dict[str, tuple[type[TextGame], type[BaseModel]]] = {
+_REGISTRY: dict[str, tuple[type[TextGame], type[GameConfig]]] = {
     "bandit": (BanditEnv, BanditConfig),
     "sokoban": (SokobanEnv, SokobanConfig),
     "frozen_lake": (FrozenLakeEnv, FrozenLakeConfig),
@@ -21,14 +20,14 @@ _REGISTRY: dict[str, tuple[type[TextGame], type[BaseModel]]] = {
 ENV_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def _lookup(name: str) -> tuple[type[TextGame], type[BaseModel]]:
+def _lookup(name: str) -> tuple[type[TextGame], type[GameConfig]]:
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown env {name!r}; valid names: {', '.join(ENV_NAMES)}") from None
 
 
-def config_model(name: str) -> type[BaseModel]:
+def config_model(name: str) -> type[GameConfig]:
     """The frozen pydantic model validating ``make(name, **config)``'s keyword options."""
     return _lookup(name)[1]
 

@@ -375,19 +375,24 @@ def make_group_tasks(
     counts = np.floor(shares).astype(int)
     for i in np.argsort(-(shares - counts), kind="stable")[: groups - int(counts.sum())]:
         counts[i] += 1
-    specs = [spec for spec, n in zip(env_specs, counts, strict=True) for _ in range(int(n))]
+    spec_of_group = [i for i, n in enumerate(counts) for _ in range(int(n))]  # (groups,) index into env_specs
 
     tasks: list[RolloutTask] = []
     long_groups = round(long_plan_share * groups) if min_plan_length else 0
+    # one env per game to search the curriculum's seeds with, made only when a group needs it
+    solver_envs: dict[int, TextGame] = {}
 
     def candidate(g: int, draw: int) -> int:
         entropy = [seed, iteration, g] if draw == 0 else [seed, iteration, g, draw]
         state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)
         return seed_offset + int(state[0] % np.uint64(seed_space))
 
-    for g, spec in enumerate(specs):
+    for g, spec_index in enumerate(spec_of_group):
+        spec = env_specs[spec_index]
         if g < long_groups:
-            env_seed = _seed_with_long_plan(spec, partial(candidate, g), min_plan_length)
+            if spec_index not in solver_envs:
+                solver_envs[spec_index] = _make_env(spec.name, spec.config)
+            env_seed = _seed_with_long_plan(solver_envs[spec_index], partial(candidate, g), min_plan_length)
         else:
             env_seed = candidate(g, 0)
         for r in range(group_size):
@@ -407,17 +412,16 @@ def make_group_tasks(
 CURRICULUM_DRAWS = 1000
 
 
-def _seed_with_long_plan(spec: EnvSpec, candidate: Callable[[int], int], min_plan_length: int) -> int:
-    """The first ``candidate(draw)`` seed whose initial state's shortest solution takes at least
-    ``min_plan_length`` actions and fits the episode's action budget; ValueError if the game has no
-    solver or none of ``CURRICULUM_DRAWS`` qualifies."""
-    env = _make_env(spec.name, spec.config)
+def _seed_with_long_plan(env: TextGame, candidate: Callable[[int], int], min_plan_length: int) -> int:
+    """The first ``candidate(draw)`` seed whose initial state in ``env`` has a shortest solution of at
+    least ``min_plan_length`` actions that fits the episode's action budget; ValueError if the game
+    has no solver or none of ``CURRICULUM_DRAWS`` qualifies."""
     budget = env.config.max_actions_per_episode
     solve = getattr(env, "solve", None)
     if not callable(solve):
         raise ValueError(
             f"rollout.min_plan_length={min_plan_length} needs a game with a solver (sokoban); "
-            f"{spec.name} has none: set rollout.min_plan_length to 0"
+            f"{env.name} has none: set rollout.min_plan_length to 0"
         )
     for draw in range(CURRICULUM_DRAWS):
         env_seed = candidate(draw)
@@ -426,7 +430,7 @@ def _seed_with_long_plan(spec: EnvSpec, candidate: Callable[[int], int], min_pla
         if plan is not None and min_plan_length <= len(plan) <= budget:
             return env_seed
     raise ValueError(
-        f"rollout.min_plan_length={min_plan_length}: none of {CURRICULUM_DRAWS} initial states of {spec.name} "
+        f"rollout.min_plan_length={min_plan_length}: none of {CURRICULUM_DRAWS} initial states of {env.name} "
         f"drawn needs that many actions and can be solved within max_actions_per_episode={budget}; lower it"
     )
 

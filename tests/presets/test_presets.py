@@ -61,6 +61,19 @@ def test_a_curriculum_by_plan_length_needs_a_game_with_a_solver() -> None:
         load_config("default", ["rollout.min_plan_length=6"])
 
 
+def test_a_curriculum_that_cannot_be_met_fails_at_load() -> None:
+    # before any warm start: longer than the episode's budget, or a share that rounds to no group
+    with pytest.raises(ConfigError, match=r"min_plan_length=11 is more than agent.max_actions_per_episode=10"):
+        load_config("sokoban", ["rollout.min_plan_length=11"])
+    game_budget = ['envs=[{"name": "sokoban", "config": {"max_actions_per_episode": 8}}]', "rollout.min_plan_length=9"]
+    with pytest.raises(ConfigError, match=r"min_plan_length=9 is more than sokoban.max_actions_per_episode=8"):
+        load_config("sokoban", game_budget)
+    groups = load_config("sokoban", []).rollout.groups
+    with pytest.raises(ConfigError, match=rf"long_plan_share=0.01 of rollout.groups={groups} rounds to no group"):
+        load_config("sokoban", ["rollout.min_plan_length=6", "rollout.long_plan_share=0.01"])
+    assert load_config("sokoban", ["rollout.min_plan_length=10", f"rollout.long_plan_share={1 / groups}"])
+
+
 def test_malformed_set() -> None:
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config("default", ["optim.lr"])
