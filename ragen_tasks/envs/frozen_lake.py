@@ -25,7 +25,8 @@ from ragen_tasks.envs.base import TextGame, canonical_action
 
 #: Action names in Gymnasium's order (0 Left, 1 Down, 2 Right, 3 Up).
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
-_DELTAS: tuple[tuple[int, int], ...] = ((0, -1), (1, 0), (0, 1), (-1, 0))
+#: (row, col) step of each action, in ACTIONS' order.
+ACTION_DELTAS: tuple[tuple[int, int], ...] = ((0, -1), (1, 0), (0, 1), (-1, 0))
 
 LEGEND: Mapping[str, str] = {
     "P": "player",
@@ -93,7 +94,7 @@ def _find(desc: Sequence[str], letter: str) -> tuple[int, int]:
 
 
 def _move(r: int, c: int, action: int, nrow: int, ncol: int) -> tuple[int, int]:
-    dr, dc = _DELTAS[action]
+    dr, dc = ACTION_DELTAS[action]
     return (min(max(r + dr, 0), nrow - 1), min(max(c + dc, 0), ncol - 1))
 
 

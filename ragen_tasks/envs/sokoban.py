@@ -26,6 +26,8 @@ from ragen_tasks.envs._common import GameConfig, action_space, load_config, step
 from ragen_tasks.envs.base import TextGame, canonical_action
 
 ACTIONS: tuple[str, ...] = ("Up", "Down", "Left", "Right")
+#: (row, col) step of each action, in ACTIONS' order.
+ACTION_DELTAS: tuple[tuple[int, int], ...] = ((-1, 0), (1, 0), (0, -1), (0, 1))
 MAX_DIM = 30
 
 
@@ -210,7 +212,6 @@ _BRUSHES: tuple[tuple[tuple[int, int], ...], ...] = (
     ((0, -1), (0, 0), (1, -1), (1, 0)),
     ((0, 0), (0, 1), (1, 0)),
 )
-_STEPS: tuple[tuple[int, int], ...] = ((-1, 0), (1, 0), (0, -1), (0, 1))
 
 
 def _topology(rng: np.random.Generator, h: int, w: int) -> list[int]:
@@ -230,7 +231,7 @@ def _topology(rng: np.random.Generator, h: int, w: int) -> list[int]:
             rr, cc = r + dr, c + dc
             if 0 < rr < h - 1 and 0 < cc < w - 1:
                 floor[rr * w + cc] = 1
-        dr, dc = _STEPS[direction]
+        dr, dc = ACTION_DELTAS[direction]
         r = min(max(r + dr, 1), h - 2)
         c = min(max(c + dc, 1), w - 2)
     return [i for i in range(h * w) if floor[i]]

@@ -37,7 +37,9 @@ from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.envs.frozen_lake import TurnPlanner, position_hint
+from ragen_tasks.envs.frozen_lake import ACTION_DELTAS, ACTIONS, TurnPlanner, position_hint
+from ragen_tasks.envs.sokoban import ACTION_DELTAS as SOKOBAN_DELTAS
+from ragen_tasks.envs.sokoban import ACTIONS as SOKOBAN_ACTIONS
 from ragen_tasks.envs.sokoban import Room
 from ragen_tasks.rollout.engine import Generation, GenerationRequest, SamplingParams
 from ragen_tasks.rollout.hf_engine import HFEngine
@@ -64,18 +66,59 @@ def demo_reasoning(env: TextGame, style: str = "relative") -> str:
     ``style`` is ``WarmStartConfig.reasoning``. ``"relative"``: Sokoban says where the nearest box
     not on a target lies from the player and where the nearest free target lies from that box;
     FrozenLake says where the goal lies (a small model learns to act on these directions far sooner
-    than on the grid alone). A FrozenLake with a ``position_hint`` restates the hint in either style.
+    than on the grid alone). ``"neighbours"``: the relative text, then what lies one step from the
+    player on each side (the features a slip-aware lake policy turns on: where the holes and the
+    edges are). A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
     ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
     """
     if env.name == "frozen_lake":
         lake: Any = env
         if lake.config.position_hint != "none":
             return position_hint(lake.position, lake.goal, lake.config.position_hint)
-        if style == "relative":
-            return position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me.")
-    if env.name == "sokoban" and style == "relative":
-        return _sokoban_relative(getattr(env, "room"))  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
+        if style in ("relative", "neighbours"):
+            goal = position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me.")
+            return f"{goal} {_lake_neighbours(lake)}" if style == "neighbours" else goal
+    if env.name == "sokoban" and style in ("relative", "neighbours"):
+        room = getattr(env, "room")  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
+        relative = _sokoban_relative(room)
+        return f"{relative} {_sokoban_neighbours(room)}" if style == "neighbours" else relative
     return _REASON.get(env.name, "I act.")
+
+
+#: What a FrozenLake tile is called in the ``neighbours`` reasoning (the legend's words; off the
+#: board is a "wall": a move into it leaves the player where it is).
+_LAKE_TILE_WORD = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
+
+
+def _lake_neighbours(lake: Any) -> str:
+    """What lies one step away in each direction, in the actions' order: ``Left hole. Down frozen. Right wall. Up goal.``"""
+    row, col = lake.position
+    rows, cols = len(lake.desc), len(lake.desc[0])
+    parts = []
+    for name, (d_row, d_col) in zip(ACTIONS, ACTION_DELTAS, strict=True):
+        r, c = row + d_row, col + d_col
+        parts.append(f"{name} {_LAKE_TILE_WORD[lake.desc[r][c]] if 0 <= r < rows and 0 <= c < cols else 'wall'}.")
+    return " ".join(parts)
+
+
+def _sokoban_neighbours(room: Room) -> str:
+    """What lies one step from the player in each direction, in the actions' order: ``Up wall. Down box. ...``
+    (a box on a target is a box; the room's outer wall keeps every step inside it)."""
+    row, col = divmod(room.player, room.width)
+    parts = []
+    for name, (d_row, d_col) in zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True):
+        cell = (row + d_row) * room.width + col + d_col
+        word = (
+            "wall"
+            if cell in room.walls
+            else "box"
+            if cell in room.boxes
+            else "target"
+            if cell in room.targets
+            else "floor"
+        )
+        parts.append(f"{name} {word}.")
+    return " ".join(parts)
 
 
 def _sokoban_relative(room: Room) -> str:

@@ -38,6 +38,29 @@ def test_relative_reasoning_reads_the_board() -> None:
     assert demo_reasoning(sokoban) == "The box is Left 1 from me. The target is Up 2 and Right 1 from the box."
 
 
+def test_neighbours_reasoning_names_each_side_of_the_player() -> None:
+    lake = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False)
+    lake.reset(seed=0)  # S at the bottom left
+    assert demo_reasoning(lake, "neighbours") == (
+        "The goal is Up 1 and Right 2 from me. Left wall. Down wall. Right frozen. Up frozen."
+    )
+    lake.step("Right")
+    assert demo_reasoning(lake, "neighbours").endswith("Left frozen. Down wall. Right hole. Up frozen.")
+    lake.step("Up")
+    assert demo_reasoning(lake, "neighbours") == (
+        "The goal is Right 1 from me. Left frozen. Down frozen. Right goal. Up wall."
+    )
+    room = "\n".join(["######", "#_O__#", "#____#", "#_X_P#", "#____#", "######"])
+    sokoban = make("sokoban", room=room)
+    sokoban.reset(seed=0)
+    assert demo_reasoning(sokoban, "neighbours") == (
+        "The box is Left 2 from me. The target is Up 2 from the box. Up floor. Down floor. Left floor. Right wall."
+    )
+    sokoban.step("Left")
+    sokoban.step("Left")  # pushes the box one cell left
+    assert demo_reasoning(sokoban, "neighbours").endswith("Up floor. Down floor. Left box. Right floor.")
+
+
 def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) -> None:
     """Noise-free FrozenLake demonstrations on the paper's lake (slippery, random maps) succeed as
     often as the planner's value says, and name at most max_actions_per_turn actions a turn."""
