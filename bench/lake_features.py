@@ -1,0 +1,114 @@
+"""What a FrozenLake policy can reach if it reads only some of the board: the worth of each reading.
+
+For each feature set (what the policy knows of the board each turn) this builds a lookup policy:
+the slip-aware planner (``envs.frozen_lake.turn_planner``, the warm start's demonstrator) plays
+``--train`` lakes, and for every feature value the lookup keeps the planner's most frequent turn.
+It then plays ``--test`` held-out lakes (from 2,000,000) with the lookup and prints its success
+beside the planner's. A model that imitates the planner through a reading of the board can do no
+better than the lookup of that reading (up to sampling), so this says which readings are worth
+teaching in the warm start's reasoning (``warm_start.reasoning``).
+
+Feature sets:
+
+* ``goal``: where the goal lies from the player (what ``relative`` reasoning states);
+* ``goal+turn``: and the turn (the prompt says the turns and actions left);
+* ``goal+neighbours``: and what lies one step away on each side: hole, frozen, goal or the edge
+  (what ``neighbours`` reasoning states);
+* ``goal+neighbours+turn``.
+
+Usage::
+
+    python bench/lake_features.py [--train 20000] [--test 4000]
+
+The paper's lake: 4x4, p = 0.8, slippery (1/3 intended), 5 turns of up to 3 actions, 10 actions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from ragen_tasks.envs.frozen_lake import ACTION_DELTAS, FrozenLakeEnv
+
+TURNS, ACTIONS, PER_TURN = 5, 10, 3
+Turn = tuple[str, ...]
+
+
+_SEEN_AS = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}  # the start shows as frozen ice
+
+
+def neighbours(env: FrozenLakeEnv) -> tuple[str, ...]:
+    row, col = env.position
+    size = len(env.desc)
+    return tuple(
+        _SEEN_AS[env.desc[row + dr][col + dc]] if 0 <= row + dr < size and 0 <= col + dc < size else "edge"
+        for dr, dc in ACTION_DELTAS
+    )
+
+
+def features(env: FrozenLakeEnv, kind: str, turn: int) -> tuple[object, ...]:
+    (row, col), (goal_row, goal_col) = env.position, env.goal
+    reading: tuple[object, ...] = (goal_row - row, goal_col - col)
+    if "neighbours" in kind:
+        reading += neighbours(env)
+    if "turn" in kind:
+        reading += (turn,)
+    return reading
+
+
+def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
+    planner = env.planner(turns=TURNS, actions=ACTIONS, max_actions_per_turn=PER_TURN)
+    row, col = env.position
+    return planner.best(row * len(env.desc[0]) + col, TURNS - turn, actions_left)
+
+
+def play(env: FrozenLakeEnv, seed: int, policy: Callable[[FrozenLakeEnv, int, int], Turn]) -> bool:
+    """One episode under the agent's rules (``policy(env, turn, actions_left)`` names a turn's
+    actions, run without seeing the board in between); True if it reaches the goal."""
+    env.reset(seed=seed)
+    actions_left = ACTIONS
+    for turn in range(TURNS):
+        for action in (policy(env, turn, actions_left) or ("Down",))[: min(PER_TURN, actions_left)]:
+            _, reward, terminated, truncated, _ = env.step(action)
+            actions_left -= 1
+            if terminated or truncated:
+                return reward > 0
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", type=int, default=20000, help="lakes the planner plays to fill the lookups")
+    parser.add_argument("--test", type=int, default=4000, help="held-out lakes each policy plays")
+    args = parser.parse_args()
+
+    kinds = ("goal", "goal+turn", "goal+neighbours", "goal+neighbours+turn")
+    env = FrozenLakeEnv(max_actions_per_episode=ACTIONS)
+    counts: dict[str, defaultdict[tuple[object, ...], Counter[Turn]]] = {k: defaultdict(Counter) for k in kinds}
+
+    def recording_planner(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
+        chosen = planner_turn(env, turn, actions_left)
+        for kind in kinds:
+            counts[kind][features(env, kind, turn)][chosen] += 1
+        return chosen
+
+    for seed in range(args.train):
+        play(env, 10_000_000 + seed, recording_planner)
+
+    print(f"| reading of the board | feature values | success on {args.test} held-out lakes |")
+    print("|---|---|---|")
+    for kind in kinds:
+        lookup = {value: turns.most_common(1)[0][0] for value, turns in counts[kind].items()}
+
+        def policy(env: FrozenLakeEnv, turn: int, _left: int, kind: str = kind, lookup: dict = lookup) -> Turn:
+            return lookup.get(features(env, kind, turn), ())
+
+        wins = sum(play(env, 2_000_000 + seed, policy) for seed in range(args.test))
+        print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} |")
+    wins = sum(play(env, 2_000_000 + seed, planner_turn) for seed in range(args.test))
+    print(f"| the whole board (the planner) | - | {wins / args.test:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
