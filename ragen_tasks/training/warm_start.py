@@ -225,7 +225,13 @@ class DemonstratorEngine:
             )
             answer = f"<answer>{' || '.join(actions)}</answer>"
             text = f"<think>{demo_reasoning(env, self.reasoning)}</think>{answer}" if self.agent.think else answer
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False))[: params.max_new_tokens]
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(ids) > params.max_new_tokens:  # cut, it would teach a reply with no closed answer
+                raise ValueError(
+                    f"warm start: a {env.name} demonstration takes {len(ids)} tokens ({text!r}) but "
+                    f"agent.max_tokens_per_turn={params.max_new_tokens}; raise agent.max_tokens_per_turn to at "
+                    f"least {len(ids) + 8} or choose shorter warm_start.reasoning"
+                )
             out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", text=text))
         return out
 

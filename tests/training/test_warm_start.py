@@ -91,6 +91,22 @@ def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) ->
     assert abs(observed - expected) < 4 * math.sqrt(expected * (1 - expected) / len(demos)), (observed, expected)
 
 
+def test_a_demonstration_longer_than_a_turn_fails_instead_of_being_cut(chatml_tokenizer) -> None:
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations
+
+    def config(max_tokens_per_turn: int) -> TrainConfig:
+        agent = AgentConfig(max_actions_per_turn=3, max_tokens_per_turn=max_tokens_per_turn)
+        warm_start = WarmStartConfig(episodes_per_env=4, reasoning="neighbours")
+        return TrainConfig(envs=[EnvSpec(name="frozen_lake")], agent=agent, warm_start=warm_start)
+
+    with pytest.raises(
+        ValueError, match=r"frozen_lake demonstration takes \d+ tokens .*agent.max_tokens_per_turn=24; raise"
+    ):
+        demonstrations(chatml_tokenizer, config(24), seed=0)
+    assert len(demonstrations(chatml_tokenizer, config(96), seed=0)) == 4
+
+
 def test_scheduled_lr_decays_linearly_to_zero_over_the_steps() -> None:
     from ragen_tasks.config import scheduled_lr
 
