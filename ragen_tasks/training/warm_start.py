@@ -203,6 +203,7 @@ class DemonstratorEngine:
         # session -> its FrozenLake map's planner: made once per episode (a whole batch of maps at once
         # would thrash any small shared cache)
         self._planners: dict[str, TurnPlanner] = {}
+        self._warned_cut = False  # a demonstration longer than a turn's tokens was reported
 
     def env_factory(self, name: str, config: Mapping[str, Any]) -> TextGame:
         env = make(name, **dict(config))
@@ -226,12 +227,20 @@ class DemonstratorEngine:
             answer = f"<answer>{' || '.join(actions)}</answer>"
             text = f"<think>{demo_reasoning(env, self.reasoning)}</think>{answer}" if self.agent.think else answer
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-            if len(ids) > params.max_new_tokens:  # cut, it would teach a reply with no closed answer
-                raise ValueError(
-                    f"warm start: a {env.name} demonstration takes {len(ids)} tokens ({text!r}) but "
-                    f"agent.max_tokens_per_turn={params.max_new_tokens}; raise agent.max_tokens_per_turn to at "
-                    f"least {len(ids) + 8} or choose shorter warm_start.reasoning"
+            if len(ids) > params.max_new_tokens and not self._warned_cut:
+                # cut to the turn's limit, the reply teaches an answer that never closes
+                log.warning(
+                    "warm start: a %s demonstration takes %d tokens (%r) but agent.max_tokens_per_turn=%d: "
+                    "demonstrations are cut to it; raise agent.max_tokens_per_turn to at least %d or choose "
+                    "shorter warm_start.reasoning",
+                    env.name,
+                    len(ids),
+                    text,
+                    params.max_new_tokens,
+                    len(ids) + 8,
                 )
+                self._warned_cut = True
+            ids = ids[: params.max_new_tokens]
             out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", text=text))
         return out
 
