@@ -12,7 +12,7 @@ Feature sets:
 
 * ``goal``: where the goal lies from the player (what ``relative`` reasoning states);
 * ``goal+turn``: and the turn (the prompt says the turns and actions left);
-* ``goal+neighbours``: and what lies one step away on each side: hole, frozen, goal or the edge
+* ``goal+neighbours``: and what lies one step away on each side: hole, frozen, goal or wall (off the board)
   (what ``neighbours`` reasoning states);
 * ``goal+neighbours+turn``.
 
@@ -29,29 +29,17 @@ import argparse
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from ragen_tasks.envs.frozen_lake import ACTION_DELTAS, FrozenLakeEnv
+from ragen_tasks.envs.frozen_lake import FrozenLakeEnv
 
 TURNS, ACTIONS, PER_TURN = 5, 10, 3
 Turn = tuple[str, ...]
-
-
-_SEEN_AS = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}  # the start shows as frozen ice
-
-
-def neighbours(env: FrozenLakeEnv) -> tuple[str, ...]:
-    row, col = env.position
-    size = len(env.desc)
-    return tuple(
-        _SEEN_AS[env.desc[row + dr][col + dc]] if 0 <= row + dr < size and 0 <= col + dc < size else "edge"
-        for dr, dc in ACTION_DELTAS
-    )
 
 
 def features(env: FrozenLakeEnv, kind: str, turn: int) -> tuple[object, ...]:
     (row, col), (goal_row, goal_col) = env.position, env.goal
     reading: tuple[object, ...] = (goal_row - row, goal_col - col)
     if "neighbours" in kind:
-        reading += neighbours(env)
+        reading += env.neighbours
     if "turn" in kind:
         reading += (turn,)
     return reading

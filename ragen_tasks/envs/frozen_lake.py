@@ -38,6 +38,7 @@ LEGEND: Mapping[str, str] = {
 }
 _TILE_SYMBOL = {"S": "_", "F": "_", "H": "O", "G": "G"}
 _PLAYER_SYMBOL = {"S": "P", "F": "P", "H": "X", "G": "√"}
+_TILE_WORD = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}  # the legend's words, the start as it shows
 MAX_SIZE = 32
 
 
@@ -371,6 +372,20 @@ class FrozenLakeEnv(TextGame):
     def goal(self) -> tuple[int, int]:
         """(row, col) of the goal."""
         return divmod(self._flat.index("G"), self._ncol)
+
+    @property
+    def neighbours(self) -> tuple[str, ...]:
+        """What lies one step from the player in each direction, in ACTIONS' order: ``hole``,
+        ``frozen`` (the start included), ``goal``, or ``wall`` off the board (a move into it leaves
+        the player where it is)."""
+        row, col = self.position
+        rows, cols = len(self.desc), len(self.desc[0])
+        return tuple(
+            _TILE_WORD[self.desc[row + d_row][col + d_col]]
+            if 0 <= row + d_row < rows and 0 <= col + d_col < cols
+            else "wall"
+            for d_row, d_col in ACTION_DELTAS
+        )
 
     @property
     def actions_left(self) -> int:

@@ -37,7 +37,7 @@ from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import direction_words
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.envs.frozen_lake import ACTION_DELTAS, ACTIONS, TurnPlanner, position_hint
+from ragen_tasks.envs.frozen_lake import ACTIONS, TurnPlanner, position_hint
 from ragen_tasks.envs.sokoban import ACTION_DELTAS as SOKOBAN_DELTAS
 from ragen_tasks.envs.sokoban import ACTIONS as SOKOBAN_ACTIONS
 from ragen_tasks.envs.sokoban import Room
@@ -85,38 +85,20 @@ def demo_reasoning(env: TextGame, style: str = "relative") -> str:
     return _REASON.get(env.name, "I act.")
 
 
-#: What a FrozenLake tile is called in the ``neighbours`` reasoning (the legend's words; off the
-#: board is a "wall": a move into it leaves the player where it is).
-_LAKE_TILE_WORD = {"S": "frozen", "F": "frozen", "H": "hole", "G": "goal"}
-
-
 def _lake_neighbours(lake: Any) -> str:
-    """What lies one step away in each direction, in the actions' order: ``Left hole. Down frozen. Right wall. Up goal.``"""
-    row, col = lake.position
-    rows, cols = len(lake.desc), len(lake.desc[0])
-    parts = []
-    for name, (d_row, d_col) in zip(ACTIONS, ACTION_DELTAS, strict=True):
-        r, c = row + d_row, col + d_col
-        parts.append(f"{name} {_LAKE_TILE_WORD[lake.desc[r][c]] if 0 <= r < rows and 0 <= c < cols else 'wall'}.")
-    return " ".join(parts)
+    """``Left hole. Down frozen. Right wall. Up goal.``: ``FrozenLakeEnv.neighbours`` in the actions' order."""
+    return " ".join(f"{name} {tile}." for name, tile in zip(ACTIONS, lake.neighbours, strict=True))
 
 
 def _sokoban_neighbours(room: Room) -> str:
     """What lies one step from the player in each direction, in the actions' order: ``Up wall. Down box. ...``
     (a box on a target is a box; the room's outer wall keeps every step inside it)."""
     row, col = divmod(room.player, room.width)
+    kinds = ((room.walls, "wall"), (room.boxes, "box"), (room.targets, "target"))  # first match names the cell
     parts = []
     for name, (d_row, d_col) in zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True):
         cell = (row + d_row) * room.width + col + d_col
-        word = (
-            "wall"
-            if cell in room.walls
-            else "box"
-            if cell in room.boxes
-            else "target"
-            if cell in room.targets
-            else "floor"
-        )
+        word = next((word for cells, word in kinds if cell in cells), "floor")
         parts.append(f"{name} {word}.")
     return " ".join(parts)
 
