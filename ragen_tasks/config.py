@@ -448,7 +448,10 @@ class WarmStartConfig(_Frozen):
     the warm start must not teach the answer); FrozenLake/Sokoban demonstrations come from the
     solvers, so RL has to improve on them."""
 
-    enabled: bool = Field(True, description="run the warm start before RL when starting from a preset model")
+    enabled: bool = Field(
+        True,
+        description="run the warm start before RL; presets only (another model starts RL as it is, with a warning)",
+    )
     episodes_per_env: int = Field(256, ge=1, description="demonstration episodes per env in the mixture")
     steps: int = Field(150, ge=0, description="supervised optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")

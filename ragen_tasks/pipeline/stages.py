@@ -100,6 +100,15 @@ def init_run(run: Run, *, progress: Any = None, resume_set: Mapping[str, Any] | 
             warm: dict[str, Any] = {}
             if config.warm_start.enabled and config.model.name_or_path in PRESETS:
                 source, warm = warm_started_policy(run, progress=progress)
+            elif config.warm_start.enabled:
+                # A pretrained model follows the prompt's format already, and the presets' supervised
+                # settings (rate, steps) are tuned for a model built from scratch: they would damage it.
+                log.warning(
+                    "warm start skipped: model.name_or_path=%r is not a preset (%s), so RL starts from the "
+                    "model as it is; set warm_start.enabled=false to say so and silence this warning",
+                    config.model.name_or_path,
+                    ", ".join(sorted(PRESETS)),
+                )
             # Its record first: a retry after a crash before the checkpoint commit finds the cached warm start.
             run.store.write_json(run.run_id, 0, "summary", "warm_start", warm, producer=PRODUCER)
             ckpt.seed_global_rngs(config.seed, 0)  # rng.pt of checkpoint 0: the same in identical runs

@@ -3,6 +3,7 @@ each update steps at."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from ragen_tasks import pipeline
 from ragen_tasks.config import OptimConfig
+from ragen_tasks.models.presets import ensure_preset
 from ragen_tasks.presets import load_config
 from tests.conftest import TINY_RUN
 
@@ -50,6 +52,24 @@ def test_a_fixed_warm_start_seed_shares_one_warm_start_across_run_seeds(tmp_path
     keys = {pipeline.warm_start_key(_run(tmp_path, f"s{s}", seed=s, **shared).config) for s in (0, 1, 2)}
     assert keys == {pipeline.warm_start_key(_run(tmp_path, "plain").config)}  # seed 0's own warm start
     assert pipeline.warm_start_key(_run(tmp_path, "s1", seed=1, **{"warm_start.seed": 1}).config) not in keys
+
+
+def test_a_model_that_is_not_a_preset_starts_rl_as_it_is_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warm start trains presets only; a folder (or hub) model skips it with a warning naming the
+    field and how to silence it, and nothing is warm-started or cached for it."""
+    folder = ensure_preset("tiny", tmp_path / "presets")
+    run = _run(tmp_path, "folder", **{"model.name_or_path": str(folder)})
+    with caplog.at_level(logging.WARNING, logger="ragen_tasks.pipeline.stages"):
+        assert pipeline.init_run(run)["warm_start"] == {}
+    (message,) = [r.getMessage() for r in caplog.records if "warm start skipped" in r.getMessage()]
+    assert str(folder) in message and "warm_start.enabled=false" in message
+    assert not any(p.name.startswith("warm-start-") for p in (tmp_path / "runs").iterdir())
+    caplog.clear()
+    quiet = _run(tmp_path, "quiet", **{"model.name_or_path": str(folder), "warm_start.enabled": False})
+    pipeline.init_run(quiet)
+    assert not [r for r in caplog.records if "warm start skipped" in r.getMessage()]
 
 
 def test_lr_at_decays_linearly_from_the_base_rate_over_the_run() -> None:
