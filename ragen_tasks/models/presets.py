@@ -1,10 +1,11 @@
 """Named model presets: Qwen2-architecture models built from a config with a seeded random init.
 
-``tiny`` (~150k parameters) trains on CPU in minutes; ``base`` (~0.9M) reads boards better at ~5x
-the cost; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer trained locally on
-the same corpus (``tokenizer.py``). ``tiny-cells`` is ``tiny`` with a tokenizer that splits boards
-into one token per cell, so its own vocabulary; measured worse than ``tiny`` on the paper's Sokoban
-and equal on FrozenLake (bench/RESULTS.md, "One token per board cell"). A preset is built once into a
+``tiny`` (~130k parameters) trains on CPU in minutes; ``base`` (~0.9M) costs ~4x as much per
+step; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer trained locally on
+the same corpus (``tokenizer.py``). Variants of ``tiny`` for asking what limits it: ``tiny-cells``
+has a tokenizer that splits boards into one token per cell (its own vocabulary); ``tiny-wide``
+doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost per step
+(bench/RESULTS.md, "One token per board cell" and "The lake's board, read"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
@@ -48,6 +49,8 @@ PRESETS: dict[str, PresetSpec] = {
     "tiny": _TINY,
     "base": PresetSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
     "tiny-cells": replace(_TINY, board_cells=True),
+    "tiny-wide": replace(_TINY, hidden_size=128, intermediate_size=256),
+    "tiny-deep": replace(_TINY, num_layers=4),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
