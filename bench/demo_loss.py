@@ -35,6 +35,9 @@ FRESH_SEED_OFFSET = 7777  # fresh episodes: the warm start's seed plus this (oth
 def split_losses(model: torch.nn.Module, tokenizer: object, episodes: list[Trajectory]) -> dict[str, float]:
     """Mean negative log-likelihood per demonstrated token: {"reasoning": .., "answer": ..}."""
     answer_open, answer_close = tokenizer.convert_tokens_to_ids(["<answer>", "</answer>"])  # type: ignore[attr-defined]
+    if tokenizer.unk_token_id in (answer_open, answer_close) or None in (answer_open, answer_close):  # type: ignore[attr-defined]
+        # a tokenizer that splits the tags (a hub model's) would put every token on the reasoning's side
+        raise SystemExit("demo_loss: the tokenizer has no single <answer> / </answer> token (the presets' do)")
     pad_id = tokenizer.pad_token_id or 0  # type: ignore[attr-defined]
     totals = {"reasoning": [0.0, 0], "answer": [0.0, 0]}
     for start in range(0, len(episodes), 64):
