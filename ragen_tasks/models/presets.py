@@ -5,7 +5,7 @@ step; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer train
 the same corpus (``tokenizer.py``). Variants of ``tiny`` for asking what limits it: ``tiny-cells``
 has a tokenizer that splits boards into one token per cell (its own vocabulary); ``tiny-wide``
 doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost per step
-(bench/RESULTS.md, "One token per board cell" and "The lake's board, read"). A preset is built once into a
+(bench/RESULTS.md, "One token per board cell" and "Width or depth"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
