@@ -51,14 +51,13 @@ def main() -> None:
     p.add_argument("--rank-out", help=argparse.SUPPRESS)  # set when this script runs as a rank
     args = p.parse_args()
     if args.rank_out:
-        from ragen_tasks.training.distributed import init_from_env
+        from ragen_tasks.training.distributed import exit_finished_rank, init_from_env
 
         ranks = init_from_env()
         result = best_update(args.backend, args.rounds)
         if ranks.is_main:
             Path(args.rank_out).write_text(json.dumps(result))
-        torch.distributed.destroy_process_group()
-        return
+        exit_finished_rank()
 
     torch.set_num_threads(args.threads)
     one = best_update(args.backend, args.rounds)

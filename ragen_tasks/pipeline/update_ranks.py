@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ragen_tasks.pipeline.lineage import run_for_iteration
 from ragen_tasks.pipeline.update_stage import update
-from ragen_tasks.training.distributed import init_from_env, record_rank_errors
+from ragen_tasks.training.distributed import exit_finished_rank, init_from_env, record_rank_errors
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,3 +40,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_finished_rank()  # not a normal exit: see its docstring

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -112,6 +112,24 @@ def broadcast(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def exit_finished_rank() -> NoReturn:
+    """End a rank process whose work is done and written: destroy the process group, flush the
+    logs and standard streams, and exit 0 without the interpreter's shutdown.
+
+    Why not return normally: DeepSpeed keeps references to the process group (its engine, its ZeRO
+    optimizer's parameters, ``deepspeed.utils.groups``), so ``destroy_process_group`` cannot join
+    gloo's worker threads. A worker that then drops the last reference to a collective's tensor
+    while the interpreter shuts down needs the GIL, cannot take it, and the C++ runtime aborts the
+    process (SIGABRT, "terminate called without an active exception") after a successful update,
+    at random. ``os._exit`` skips that shutdown; nothing the rank leaves behind depends on it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ def update_losses(backend: str, zero_stage: int, advantage: str) -> list[list[fl
 
 
 if __name__ == "__main__":
-    from ragen_tasks.training.distributed import init_from_env
+    from ragen_tasks.training.distributed import exit_finished_rank, init_from_env
 
     path, settings = sys.argv[1], sys.argv[2:]
     ranks = init_from_env()
@@ -59,4 +59,4 @@ if __name__ == "__main__":
     if ranks.is_main:
         with open(path, "w") as f:
             json.dump(results, f)
-    torch.distributed.destroy_process_group()
+    exit_finished_rank()

@@ -39,3 +39,25 @@ def test_two_ranks_step_like_one(two_ranks: dict[str, list[list[float]]], settin
     two = two_ranks[setting]
     for k, (a, b) in enumerate(zip(one, two, strict=True)):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-6), f"update {k}: 1 rank {a} vs 2 ranks {b} ({setting})"
+
+
+def test_a_finished_rank_exits_0_with_what_it_printed_and_logged(tmp_path: Path) -> None:
+    """``exit_finished_rank`` skips the interpreter's shutdown, so it flushes itself what the rank
+    printed (stdout into a pipe is block-buffered) and logged, and nothing after it runs."""
+    program = (
+        "import logging, sys\n"
+        "import torch.distributed as dist\n"
+        "from ragen_tasks.training.distributed import exit_finished_rank\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
+        f"dist.init_process_group('gloo', store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)\n"
+        "print('printed')\n"
+        "logging.getLogger('rank').info('logged')\n"
+        "exit_finished_rank()\n"
+        "print('after the exit')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONUNBUFFERED", None)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "printed\n"
+    assert "logged" in done.stderr
