@@ -75,6 +75,21 @@ class AgentConfig(_Frozen):
         description="also train on observation tokens with the trajectory's advantage (the paper's original "
         "runs); needs algo.advantage grpo or batch_norm (GAE's critic only values policy tokens)",
     )
+    loss_on_reasoning: bool = Field(
+        True,
+        description="RL also trains each turn's reasoning (<think>..</think>); false: only what follows it (the "
+        "answer), so the reasoning stays what the warm start taught. A turn that never closes </think>, or ends "
+        "with it, is trained whole. The warm start always trains on its demonstrations' reasoning",
+    )
+
+    @model_validator(mode="after")
+    def _reasoning_to_leave(self) -> AgentConfig:
+        if not self.loss_on_reasoning and not self.think:
+            raise ValueError(
+                "agent.loss_on_reasoning=false needs agent.think=true (without <think> there is no reasoning to "
+                "leave out of the loss); set agent.loss_on_reasoning=true"
+            )
+        return self
 
 
 class RolloutConfig(_Frozen):

@@ -192,7 +192,7 @@ def warm_start_key(config: TrainConfig) -> str:
         "code": [WARM_START_VERSION, PRESET_VERSION, torch.__version__],
         "model": config.model.model_dump(mode="json"),
         "envs": [spec.model_dump(mode="json") for spec in config.envs],
-        "agent": config.agent.model_dump(mode="json"),
+        "agent": config.agent.model_dump(mode="json", exclude={"loss_on_reasoning"}),  # RL's only
         "warm_start": config.warm_start.model_dump(mode="json", exclude={"seed"}),  # in "seeds"
         "seeds": [config.warm_start.seed_for(config.seed), config.eval.seed_offset],
     }

@@ -15,6 +15,8 @@ Decisions:
   ``EngineReplyError``: a dropped reply must fail loudly, never shift replies between episodes.
 * If ``sampling.seed`` is set, turn ``t`` is generated with seed ``sampling.seed + t``.
 * Invalid actions: see ``ragen_tasks.agent.parsing`` (the valid prefix runs, the turn is penalised).
+* ``loss_mask`` = the sampled tokens; with ``agent.loss_on_reasoning=false`` less each turn's
+  reasoning (``reasoning_token_count``), with ``agent.loss_on_observations`` plus the observations.
 
 Also here: ``make_group_tasks`` (groups of rollouts sharing an initial state, seeds derived with
 ``numpy.random.SeedSequence`` from (seed, iteration, group), never ``hash()``; optionally only initial
@@ -79,6 +81,8 @@ class _Episode:
     turn_think: list[str] = field(default_factory=list)
     turn_responses: list[str] = field(default_factory=list)
     turn_observations: list[str] = field(default_factory=list)
+    # [start, end) token spans of the turns' reasoning left out of the loss (agent.loss_on_reasoning=false)
+    untrained_reasoning: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _make_env(name: str, config: Mapping[str, Any]) -> TextGame:
@@ -163,6 +167,9 @@ def run_rollouts(
                 _check_generation(gen, request, cap)
                 text = gen.text or tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                 _play_turn(episode, gen, _strip_special(text, special), agent)
+                if not agent.loss_on_reasoning:
+                    start = episode.turn_starts[-1]
+                    episode.untrained_reasoning.append((start, start + reasoning_token_count(gen.token_ids, tokenizer)))
                 if episode.status is None and turn + 1 >= agent.max_turns:
                     episode.status = TrajectoryStatus.MAX_TURNS.value
                 if episode.status is None:
@@ -227,6 +234,27 @@ def _start(
             )
         )
     return episodes
+
+
+def reasoning_token_count(token_ids: Sequence[int], tokenizer: Any) -> int:
+    """How many leading tokens of a reply hold its reasoning: up to and including the token that
+    completes ``</think>`` (a tag may span several tokens, so the decoded text is searched). 0 when
+    the reply never closes its reasoning or nothing follows the tag: such a turn is trained whole,
+    since its format is what must change."""
+
+    def closed(k: int) -> bool:  # do the first k tokens hold "</think>"? (once true, true for every larger k)
+        return "</think>" in tokenizer.decode(list(token_ids[:k]), skip_special_tokens=False)
+
+    if not token_ids or not closed(len(token_ids)):
+        return 0
+    low, high = 1, len(token_ids)  # the smallest k with closed(k) lies in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        if closed(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low if low < len(token_ids) else 0
 
 
 def _play_turn(episode: _Episode, gen: Generation, text: str, agent: AgentConfig) -> None:
@@ -298,11 +326,14 @@ def _feed_observations(
 def _finish(episode: _Episode, policy_version: int, weights_fingerprint: str, agent: AgentConfig) -> Trajectory:
     if episode.status is None:  # only reachable if max_turns was never hit: defensive
         raise RuntimeError(f"episode {episode.task.traj_id} ended without a status")
-    # loss_mask: 1 = trained on. Sampled tokens always; observation tokens (never the prompt) if asked.
+    # loss_mask: 1 = trained on. Sampled tokens always, except the reasoning if left out; observation
+    # tokens (never the prompt) if asked.
     if agent.loss_on_observations:
         loss_mask = [0] * episode.prompt_length + [1] * (len(episode.ids) - episode.prompt_length)
     else:
         loss_mask = list(episode.response_mask)
+    for start, end in episode.untrained_reasoning:
+        loss_mask[start:end] = [0] * (end - start)
     trajectory = Trajectory(
         traj_id=episode.task.traj_id,
         env_name=episode.task.env_name,

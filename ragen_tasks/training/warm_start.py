@@ -244,7 +244,7 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
         engine,
         tokenizer,
         tasks,
-        agent=config.agent,
+        agent=config.agent.model_copy(update={"loss_on_reasoning": True}),  # imitation is of the reasoning too
         sampling=sampling,
         policy_version=0,
         weights_fingerprint="demonstrations",

@@ -22,7 +22,8 @@ def _run(tmp_path: Path, run_id: str, **extra: object) -> pipeline.Run:
 
 
 def test_a_second_run_with_the_same_warm_start_inputs_starts_from_the_cached_one(tmp_path: Path) -> None:
-    first, second = _run(tmp_path, "first"), _run(tmp_path, "second", iterations=7, **{"optim.lr": 5e-4})
+    rl_knobs = {"optim.lr": 5e-4, "agent.loss_on_reasoning": False}
+    first, second = _run(tmp_path, "first"), _run(tmp_path, "second", iterations=7, **rl_knobs)
     assert pipeline.warm_start_key(first.config) == pipeline.warm_start_key(second.config)  # RL knobs differ only
     made = pipeline.init_run(first)["warm_start"]
     reused = pipeline.init_run(second)["warm_start"]

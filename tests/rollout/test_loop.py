@@ -6,8 +6,9 @@ import pytest
 
 from ragen_tasks.config import AgentConfig
 from ragen_tasks.data.trajectory import TrajectoryStatus, from_table, to_table
+from ragen_tasks.models.tokenizer import build_tokenizer
 from ragen_tasks.rollout.engine import Generation, SamplingParams
-from ragen_tasks.rollout.loop import EngineReplyError, RolloutTask, run_rollouts
+from ragen_tasks.rollout.loop import EngineReplyError, RolloutTask, reasoning_token_count, run_rollouts
 from ragen_tasks.rollout.scripted import ScriptedEngine
 
 SAMPLING = SamplingParams(max_new_tokens=64, temperature=1.0, seed=3)
@@ -187,6 +188,54 @@ def test_loss_on_observations_and_eos(chatml_tokenizer, line_walk) -> None:
     assert traj2.input_ids[end - 1] == chatml_tokenizer.eos_token_id  # sampled eos ...
     assert traj2.input_ids[end] != chatml_tokenizer.eos_token_id  # ... is not fed again
     assert traj2.loss_mask == traj2.response_mask
+
+
+def _closes_reasoning_at_its_end(ids: list[int], tokenizer) -> bool:
+    """The last of ``ids`` completes "</think>" (a BPE token may also hold the answer's first bytes)."""
+    return "</think>" in tokenizer.decode(ids) and "</think>" not in tokenizer.decode(ids[:-1])
+
+
+def test_without_loss_on_reasoning_each_turn_is_trained_from_the_end_of_its_reasoning(
+    chatml_tokenizer, line_walk
+) -> None:
+    replies = ["<think>go left</think><answer>Left</answer>", "<think>no end to this", "<answer>Left</answer>"]
+    engine = ScriptedEngine(chatml_tokenizer, lambda _sid, i: replies[i])
+    (traj,) = _run(engine, chatml_tokenizer, _tasks(1, size=30), line_walk, loss_on_reasoning=False)
+    assert traj.num_turns == 3
+
+    def split(turn: int) -> tuple[list[int], list[int]]:  # (the turn's untrained ids, its trained ids)
+        s, e = traj.turn_starts[turn], traj.turn_ends[turn]
+        ids, mask = traj.input_ids[s:e], traj.loss_mask[s:e]
+        return [t for t, m in zip(ids, mask, strict=True) if not m], [t for t, m in zip(ids, mask, strict=True) if m]
+
+    untrained, trained = split(0)
+    assert chatml_tokenizer.decode(untrained + trained) == replies[0]  # the reasoning first, then the answer
+    assert _closes_reasoning_at_its_end(untrained, chatml_tokenizer)
+    assert split(1) == ([], traj.input_ids[traj.turn_starts[1] : traj.turn_ends[1]])  # never closed: trained whole
+    assert split(2) == ([], traj.input_ids[traj.turn_starts[2] : traj.turn_ends[2]])
+    assert all(m == 0 for m, r in zip(traj.loss_mask, traj.response_mask, strict=True) if not r)
+    (trained_whole,) = _run(
+        ScriptedEngine(chatml_tokenizer, lambda _sid, i: replies[i]), chatml_tokenizer, _tasks(1, size=30), line_walk
+    )
+    assert trained_whole.loss_mask == trained_whole.response_mask
+
+
+@pytest.mark.parametrize("tag_tokens", [True, False], ids=["tag-is-one-token", "tag-split-by-bpe"])
+def test_reasoning_token_count_ends_with_the_token_that_closes_the_reasoning(chatml_tokenizer, tag_tokens) -> None:
+    tokenizer = build_tokenizer() if tag_tokens else chatml_tokenizer
+    ids = tokenizer.encode("<think>Up is a hole</think><answer>Down</answer>", add_special_tokens=False)
+    k = reasoning_token_count(ids, tokenizer)
+    assert _closes_reasoning_at_its_end(ids[:k], tokenizer)
+    if tag_tokens:
+        assert tokenizer.decode(ids[k:]) == "<answer>Down</answer>"
+    only_reasoning = tokenizer.encode("<think>Up</think>", add_special_tokens=False)
+    assert reasoning_token_count(only_reasoning, tokenizer) == 0  # nothing after it: trained whole
+    assert reasoning_token_count([], tokenizer) == 0
+
+
+def test_loss_on_reasoning_false_needs_think() -> None:
+    with pytest.raises(ValueError, match=r"agent\.loss_on_reasoning=false needs agent\.think=true"):
+        AgentConfig(think=False, loss_on_reasoning=False)
 
 
 def test_duplicate_traj_ids_are_rejected(chatml_tokenizer, line_walk) -> None:

@@ -61,6 +61,20 @@ def test_neighbours_reasoning_names_each_side_of_the_player() -> None:
     assert demo_reasoning(sokoban, "neighbours").endswith("Up floor. Down floor. Left box. Right floor.")
 
 
+def test_demonstrations_train_on_their_reasoning_when_rl_does_not(chatml_tokenizer) -> None:
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations
+
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=AgentConfig(max_tokens_per_turn=64, loss_on_reasoning=False),
+        warm_start=WarmStartConfig(episodes_per_env=8),
+    )
+    demos = demonstrations(chatml_tokenizer, config, seed=0)
+    assert all(demo.turn_think[0] for demo in demos)  # they do reason ...
+    assert all(demo.loss_mask == demo.response_mask for demo in demos)  # ... and all of it is imitated
+
+
 def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) -> None:
     """Noise-free FrozenLake demonstrations on the paper's lake (slippery, random maps) succeed as
     often as the planner's value says, and name at most max_actions_per_turn actions a turn."""
