@@ -11,9 +11,14 @@ reads it right, whatever it learns about acting.
 Usage::
 
     python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours]
+    python bench/perception.py --checkpoints CKPT [CKPT ...] [--seeds 1024] [--temperature 0] [--style ...]
 
-``STORE`` is the run's store root (a folder, ``file://`` or ``s3://``); the rollouts are sampled at
-the rollout temperature, so this is what RL trained on.
+The first form reads a run's training rollouts from its store (a folder, ``file://`` or ``s3://``),
+sampled at the rollout temperature: what RL trained on. An iteration's rollouts hold few boards
+(``rollout.groups`` initial states), different in every iteration, so its rate moves with the
+boards drawn as much as with the policy. The second form plays each checkpoint on the same held-out
+seeds (``evaluate_checkpoint``) and compares the checkpoints on equal terms: the first turn reads the
+same boards for every checkpoint; later turns read the boards each policy led to.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter
+from pathlib import Path
 
 from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import Trajectory
@@ -58,13 +64,17 @@ def label(sentence: str) -> str:
     return " ".join(words[:2]) if words[0] == "The" else words[0]
 
 
-def read_rate(trajectories: list[Trajectory], style: str) -> tuple[int, Counter[str], Counter[str]]:
-    """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence expected)."""
+def read_rate(
+    trajectories: list[Trajectory], style: str, first_turns: int | None = None
+) -> tuple[int, Counter[str], Counter[str]]:
+    """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence
+    expected), over every turn of each trajectory or its first ``first_turns``."""
     right: Counter[str] = Counter()
     expected: Counter[str] = Counter()
     turns = 0
     for trajectory in trajectories:
-        for board, think in zip(trajectory.turn_observations, trajectory.turn_think, strict=True):
+        pairs = list(zip(trajectory.turn_observations, trajectory.turn_think, strict=True))
+        for board, think in pairs[:first_turns]:
             env = game_at(trajectory.env_name, board)
             if env is None:
                 continue
@@ -76,28 +86,63 @@ def read_rate(trajectories: list[Trajectory], style: str) -> tuple[int, Counter[
     return turns, right, expected
 
 
+def print_rates(rows: list[tuple[str, int, Counter[str], Counter[str]]], first_column: str) -> None:
+    """A markdown table: per row (name, turns, right, expected), each sentence's share read right."""
+    header = list(rows[0][3])
+    print(f"| {first_column} | turns | " + " | ".join(header) + " |")
+    print("|---" * (len(header) + 2) + "|")
+    for name, turns, right, expected in rows:
+        rates = [f"{right[k] / expected[k]:.3f}" if expected[k] else "-" for k in header]
+        print(f"| {name} | {turns} | " + " | ".join(rates) + " |")
+
+
+def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[str], Counter[str]]]:
+    """Each checkpoint played on the same held-out seeds: rows for its first turns and for all turns."""
+    from ragen_tasks.pipeline import run_of_checkpoint
+    from ragen_tasks.pipeline.policy import evaluate_checkpoint
+
+    rows = []
+    for folder in args.checkpoints:
+        run = run_of_checkpoint(Path(folder))
+        if run is None:
+            raise SystemExit(f"--checkpoints {folder}: not a checkpoint inside a run folder (no config to play it by)")
+        _, trajectories = evaluate_checkpoint(
+            run.config, Path(folder), seeds=args.seeds, seed_offset=args.seed_offset, temperature=args.temperature
+        )
+        name = str(folder)
+        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, first_turns=1)))
+        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("store", help="the run's store root")
-    parser.add_argument("run_id")
+    parser.add_argument("store", nargs="?", help="the run's store root")
+    parser.add_argument("run_id", nargs="?")
     parser.add_argument("--iterations", type=int, nargs="+", default=[0], help="iterations whose rollouts to read")
     parser.add_argument(
         "--style", default="neighbours", choices=["relative", "neighbours"], help="the run's warm_start.reasoning"
     )
+    parser.add_argument("--checkpoints", nargs="+", help="checkpoint folders to play on the same held-out seeds")
+    parser.add_argument("--seeds", type=int, default=1024, help="held-out seeds per checkpoint (--checkpoints)")
+    parser.add_argument("--seed-offset", type=int, default=2_000_000, help="first held-out seed (--checkpoints)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (--checkpoints)")
     args = parser.parse_args()
+    if bool(args.checkpoints) == bool(args.store and args.run_id):
+        parser.error("give either STORE RUN_ID (training rollouts) or --checkpoints (held-out play), not both")
 
+    if args.checkpoints:
+        print(f"held-out seeds {args.seed_offset}.. ({args.seeds}), T {args.temperature}: the share of turns whose")
+        print("reasoning states the board right, per sentence")
+        print_rates(checkpoint_rates(args), "checkpoint")
+        return
     store = Store(args.store)
     print(f"{args.run_id}: the share of turns whose reasoning states the board right, per sentence")
-    header: list[str] | None = None
+    rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")
-        turns, right, expected = read_rate(trajectories, args.style)
-        if header is None:
-            header = list(expected)
-            print("| iteration | turns | " + " | ".join(header) + " |")
-            print("|---" * (len(header) + 2) + "|")
-        rates = [f"{right[k] / expected[k]:.3f}" if expected[k] else "-" for k in header]
-        print(f"| {iteration} | {turns} | " + " | ".join(rates) + " |")
+        rows.append((str(iteration), *read_rate(trajectories, args.style)))
+    print_rates(rows, "iteration")
 
 
 if __name__ == "__main__":
