@@ -263,6 +263,16 @@ class AlgoConfig(_Frozen):
         "token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
         "False keeps every row, as verl / RAGEN do",
     )
+    demo_loss_coef: float = Field(
+        0.0,
+        ge=0,
+        description="supervised term kept through RL: every optimizer step adds this times the warm start's loss "
+        "(mean negative log-likelihood per demonstrated token) on algo.demo_episodes fresh demonstration episodes "
+        "(the warm start's demonstrator and reasoning, training seeds of their own). 0 = off, the paper's loss",
+    )
+    demo_episodes: int = Field(
+        8, ge=1, description="demonstration episodes per optimizer step for the supervised term (algo.demo_loss_coef)"
+    )
 
 
 LrSchedule = Literal["constant", "linear"]
@@ -519,7 +529,12 @@ class TrainConfig(_Frozen):
 
     preset: str = Field("custom", description="name of the preset (or file) this config came from; reports only")
     run_id: str | None = Field(None, description="run folder name; None = derived from the preset and time")
-    iterations: int = Field(20, ge=1, description="StarPO iterations")
+    iterations: int = Field(
+        20,
+        ge=1,
+        le=999_998,
+        description="StarPO iterations (at most 999,998: the task seed streams from 999,999 on are the demonstrations')",
+    )
     seed: int = Field(0, description="root seed of the run")
     envs: list[EnvSpec] = Field(
         default_factory=lambda: [EnvSpec(name="bandit")], min_length=1, description="training mixture"

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from typing import Any
 
-from ragen_tasks.data.token_batch import collate_table
+from ragen_tasks.data.token_batch import TokenBatch, collate, collate_table
 from ragen_tasks.pipeline.lineage import marker_fingerprint, policy_step
 from ragen_tasks.pipeline.run import PRODUCER, Run
 from ragen_tasks.pipeline.stages import json_floats
@@ -133,6 +134,7 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
     pad_id = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
     ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
     device = next(trainer.actor_module.parameters()).device
+    demos = _demonstrations(run, iteration, trainer, batch.num_rows, pad_id)
     try:
         metrics = ppo_update(
             collate_table(batch, pad_id=pad_id).to(device),
@@ -142,6 +144,7 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
             generator=trainer.generator,
             critic=trainer.train_models.get("critic"),
             ref_model=ref,
+            demos=demos.to(device) if demos is not None else None,
         )
     except NonFiniteUpdateError as exc:
         raise NonFiniteUpdateError(f"iteration {iteration}: {exc}. {_continue_hint(run, step, 'lr')}") from None
@@ -160,6 +163,21 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
             f"{_continue_hint(run, step, lr)}"
         )
     return metrics
+
+
+def _demonstrations(run: Run, iteration: int, trainer: Trainer, rows: int, pad_id: int) -> TokenBatch | None:
+    """The demonstration episodes of the update's supervised term (None when ``algo.demo_loss_coef``
+    is 0): ``algo.demo_episodes`` for each optimizer step the batch of ``rows`` trajectories can take."""
+    algo, optim = run.config.algo, run.config.optim
+    if algo.demo_loss_coef == 0:
+        return None
+    from ragen_tasks.training.warm_start import rl_demonstrations  # lazy: the demonstrators and their games
+
+    steps = optim.ppo_epochs * math.ceil(rows / optim.minibatch_size)
+    episodes = rl_demonstrations(
+        trainer.tokenizer, run.config, iteration=iteration, episodes=steps * algo.demo_episodes
+    )
+    return collate(episodes, pad_id=pad_id)
 
 
 def _continue_hint(run: Run, step: int, lr: str) -> str:

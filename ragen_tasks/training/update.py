@@ -13,7 +13,8 @@ In paper order (CleanRL style), as ``ppo_update`` reads:
    ``batching``) whose losses use the minibatch's denominator, so the gradient accumulated and
    averaged over the ranks equals the full minibatch's, then one optimizer step (pre-clip grad norm
    recorded; a non-finite norm skips the step, and ``max_consecutive_skips`` in a row raise
-   ``NonFiniteUpdateError``);
+   ``NonFiniteUpdateError``); with ``algo.demo_loss_coef`` > 0 each step's gradient also holds
+   that times the warm start's loss on ``algo.demo_episodes`` demonstration episodes (``demos``);
 5. metrics: a flat dict of floats with namespaced keys.
 
 The estimators are a registry keyed by ``algo.advantage`` (``ADVANTAGES``), all with one signature.
@@ -39,7 +40,7 @@ from ragen_tasks.algos.rewards import token_level_rewards
 from ragen_tasks.config import AlgoConfig, OptimConfig
 from ragen_tasks.data.token_batch import TokenBatch
 from ragen_tasks.training.backend import TrainModel
-from ragen_tasks.training.batching import rank_plan
+from ragen_tasks.training.batching import MicroBatch, rank_plan
 from ragen_tasks.training.critic import token_logprobs
 from ragen_tasks.training.distributed import all_reduce
 from ragen_tasks.training.old_pass import OldPass, old_pass
@@ -131,15 +132,19 @@ def ppo_update(
     generator: torch.Generator,
     critic: TrainModel | None = None,
     ref_model: nn.Module | None = None,
+    demos: TokenBatch | None = None,
 ) -> dict[str, float]:
     """Update ``actor`` (and ``critic``) on ``batch``; return metrics (floats, namespaced keys).
 
     ``critic`` is required for ``algo.advantage == "gae"`` and ignored otherwise; ``ref_model`` is
-    required when ``algo.kl_mode != "none"``. ``generator`` (CPU) drives the minibatch shuffle: save
-    its state in checkpoints for exact resume.
+    required when ``algo.kl_mode != "none"``; ``demos`` (demonstration episodes, collated) when
+    ``algo.demo_loss_coef > 0``: optimizer step ``i`` imitates its rows ``i * demo_episodes`` onwards,
+    wrapping around (an update left with no trajectory takes no step, so it imitates nothing either).
+    ``generator`` (CPU) drives the minibatch shuffle: save its state in checkpoints
+    for exact resume.
     """
     t0 = time.perf_counter()
-    _check_models(algo, critic, ref_model)
+    _check_models(algo, critic, ref_model, demos)
     estimator = ADVANTAGES[algo.advantage]
     metrics: dict[str, float] = {"batch/trajectories": float(batch.batch_size)}
 
@@ -177,7 +182,10 @@ def ppo_update(
         order = torch.randperm(batch.batch_size, generator=generator)
         for start in range(0, batch.batch_size, optim.minibatch_size):
             rows = order[start : start + optim.minibatch_size]
-            mb_metrics, stepped, mb_tokens = minibatch_step(batch, rows, adv, old, actor, critic, algo, optim)
+            demo_rows = _demo_rows(demos, algo, steps + skipped)
+            mb_metrics, stepped, mb_tokens = minibatch_step(
+                batch, rows, adv, old, actor, critic, algo, optim, demos=demos, demo_rows=demo_rows
+            )
             tokens += mb_tokens
             steps, skipped = (steps + 1, skipped) if stepped else (steps, skipped + 1)
             if steps + skipped == 1:  # the first minibatch is on-policy: its clip fractions must be 0
@@ -204,8 +212,15 @@ def ppo_update(
     return metrics
 
 
-def _check_models(algo: AlgoConfig, critic: TrainModel | None, ref_model: nn.Module | None) -> None:
-    """The models ``algo`` needs were passed, and its KL mode fits its estimator."""
+def _check_models(
+    algo: AlgoConfig, critic: TrainModel | None, ref_model: nn.Module | None, demos: TokenBatch | None
+) -> None:
+    """The models (and demonstrations) ``algo`` needs were passed, and its KL mode fits its estimator."""
+    if algo.demo_loss_coef > 0 and (demos is None or demos.batch_size == 0):
+        raise ValueError(
+            f"algo.demo_loss_coef={algo.demo_loss_coef:g} needs demos=collate(rl_demonstrations(...)), "
+            "or set algo.demo_loss_coef=0"
+        )
     if algo.advantage == "gae" and critic is None:
         raise ValueError(
             "algo.advantage='gae' needs a critic: pass critic=make_train_model(make_critic(actor), ...) "
@@ -238,10 +253,18 @@ def _rows_with_signal(
     return batch.select(keep), Advantages(kept, None, adv.metrics)
 
 
+def _demo_rows(demos: TokenBatch | None, algo: AlgoConfig, step: int) -> Tensor | None:
+    """The demonstration rows optimizer step ``step`` imitates (None: no supervised term)."""
+    if demos is None or algo.demo_loss_coef == 0:
+        return None
+    first = step * algo.demo_episodes
+    return torch.arange(first, first + algo.demo_episodes) % demos.batch_size  # (demo_episodes,)
+
+
 #: Metrics that are a micro-batch's share of the minibatch loss (they carry its denominator): summed.
 #: ``actor/ratio_max`` is a max; every other metric is a token mean, weighted by the micro-batch's
 #: share of the minibatch's trained tokens (exact over any cut of the minibatch into micro-batches).
-LOSS_SHARES = frozenset({"actor/pg_loss", "critic/vf_loss"})
+LOSS_SHARES = frozenset({"actor/pg_loss", "critic/vf_loss", "actor/demo_nll"})
 
 
 def minibatch_step(
@@ -253,8 +276,12 @@ def minibatch_step(
     critic: TrainModel | None,
     algo: AlgoConfig,
     optim: OptimConfig,
+    *,
+    demos: TokenBatch | None = None,
+    demo_rows: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], bool, int]:
-    """One optimizer step on the minibatch ``rows`` (whole trajectories), micro-batch by micro-batch.
+    """One optimizer step on the minibatch ``rows`` (whole trajectories), micro-batch by micro-batch;
+    with ``demo_rows`` (rows of ``demos``) the warm start's loss on them first (``demo_step``).
 
     This rank runs its micro-batches of the minibatch (``batching.rank_plan``: a token-balanced
     shard, packed by length); every loss carries the WHOLE minibatch's denominator, so the
@@ -268,18 +295,12 @@ def minibatch_step(
     lmask = batch.loss_mask[rows]  # (n, T) 1 = token trained on
     denom = _denominator(lmask, algo.loss_agg)
     trained_tokens = max(float(lmask.sum()), 1.0)
-    ranks = actor.ranks
-    plan = rank_plan(
-        rows,
-        batch.lengths,
-        world_size=ranks.world_size,
-        rank=ranks.rank,
-        max_rows=optim.micro_batch_size,
-        max_tokens=optim.micro_batch_tokens,
-    )
+    plan = _micro_batches(rows, batch.lengths, actor, optim)
     device = batch.input_ids.device
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=device))
     tokens = 0
+    if demos is not None and demo_rows is not None:
+        tokens += demo_step(demos, demo_rows, actor, algo, optim, sums)
     for i, micro in enumerate(plan):
         mb = batch.select(micro.rows)
         mrows, t = micro.rows, mb.seq_len
@@ -349,6 +370,44 @@ def minibatch_step(
         stepped = stepped and c_stepped
     _count_step(actor, stepped, grad_norm, optim.max_consecutive_skips)
     return reduced, stepped, tokens
+
+
+def demo_step(
+    demos: TokenBatch, rows: Tensor, actor: TrainModel, algo: AlgoConfig, optim: OptimConfig, sums: dict[str, Tensor]
+) -> int:
+    """Accumulate ``algo.demo_loss_coef`` x the warm start's loss on the demonstration ``rows`` into the
+    actor's gradient (this rank's token-balanced shard of them; never the step's last micro-batch, so
+    the gradient syncs with the policy loss's). The loss is the mean negative log-likelihood per
+    demonstrated token over all of ``rows``, added to ``sums["actor/demo_nll"]`` as this rank's share.
+    Returns the tokens this rank processed."""
+    targets_all = demos.loss_mask[rows] > 0  # (n, T) True = a demonstrated response token
+    denom = max(float(targets_all.sum()), 1.0)
+    plan = _micro_batches(rows, demos.lengths, actor, optim)
+    tokens = 0
+    for micro in plan:
+        mb = demos.select(micro.rows)
+        keep = 0.0 if micro.padding else 1.0
+        targets = mb.loss_mask > 0  # (b, t) True = a demonstrated response token
+        with actor.forward_context(last_micro_batch=False):
+            logp, _ = token_logprobs(actor.forward_module, mb.input_ids, mb.attention_mask, positions=targets)
+            nll = -(logp * targets).sum() / denom  # this micro-batch's share of the rows' mean
+            actor.backward(nll * (algo.demo_loss_coef * keep), last_micro_batch=False)
+        sums["actor/demo_nll"] = sums["actor/demo_nll"] + keep * nll.detach()
+        tokens += 0 if micro.padding else int(mb.lengths.sum())
+    return tokens
+
+
+def _micro_batches(rows: Tensor, lengths: Tensor, actor: TrainModel, optim: OptimConfig) -> list[MicroBatch]:
+    """This rank's micro-batches of ``rows`` (``batching.rank_plan``: a token-balanced shard, packed by length)."""
+    ranks = actor.ranks
+    return rank_plan(
+        rows,
+        lengths,
+        world_size=ranks.world_size,
+        rank=ranks.rank,
+        max_rows=optim.micro_batch_size,
+        max_tokens=optim.micro_batch_tokens,
+    )
 
 
 def _accumulate(sums: dict[str, Tensor], metrics: dict[str, Tensor], keep: float, share: float) -> None:

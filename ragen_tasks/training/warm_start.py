@@ -233,10 +233,19 @@ class DemonstratorEngine:
             self._planners.pop(sid, None)
 
 
-def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Trajectory]:
-    """``episodes_per_env`` demonstration episodes per env of the mixture (training seeds only)."""
-    groups = config.warm_start.episodes_per_env * len(config.envs)
-    tasks = make_group_tasks(config.envs, groups, 1, seed, iteration=999_999, seed_space=config.eval.seed_offset)
+#: The seed streams of demonstrations (``make_group_tasks``' iteration): the warm start's, and RL's
+#: supervised term's from ``RL_DEMO_STREAM + iteration``; RL's rollouts use iterations below both.
+WARM_START_STREAM = 999_999
+RL_DEMO_STREAM = 1_000_000
+
+
+def demonstrations(
+    tokenizer: Any, config: TrainConfig, *, seed: int, episodes: int | None = None, stream: int = WARM_START_STREAM
+) -> list[Trajectory]:
+    """Demonstration episodes on training seeds only: ``episodes`` of the env mixture (default
+    ``warm_start.episodes_per_env`` per env), from the seed stream ``stream``."""
+    groups = config.warm_start.episodes_per_env * len(config.envs) if episodes is None else episodes
+    tasks = make_group_tasks(config.envs, groups, 1, seed, iteration=stream, seed_space=config.eval.seed_offset)
     ws = config.warm_start
     engine = DemonstratorEngine(tokenizer, tasks, config.agent, seed=seed, noise=ws.demo_noise, reasoning=ws.reasoning)
     sampling = SamplingParams(max_new_tokens=config.agent.max_tokens_per_turn)
@@ -250,6 +259,13 @@ def demonstrations(tokenizer: Any, config: TrainConfig, *, seed: int) -> list[Tr
         weights_fingerprint="demonstrations",
         env_factory=engine.env_factory,
     )
+
+
+def rl_demonstrations(tokenizer: Any, config: TrainConfig, *, iteration: int, episodes: int) -> list[Trajectory]:
+    """Fresh demonstration episodes for RL's supervised term (``algo.demo_loss_coef``) at ``iteration``:
+    the warm start's demonstrator, noise and reasoning, on seeds of their own stream, so RL imitates
+    boards neither the warm start nor the rollouts saw. The same on every rank."""
+    return demonstrations(tokenizer, config, seed=config.seed, episodes=episodes, stream=RL_DEMO_STREAM + iteration)
 
 
 def supervised_steps(

@@ -22,7 +22,7 @@ def _run(tmp_path: Path, run_id: str, **extra: object) -> pipeline.Run:
 
 
 def test_a_second_run_with_the_same_warm_start_inputs_starts_from_the_cached_one(tmp_path: Path) -> None:
-    rl_knobs = {"optim.lr": 5e-4, "agent.loss_on_reasoning": False}
+    rl_knobs = {"optim.lr": 5e-4, "agent.loss_on_reasoning": False, "algo.demo_loss_coef": 0.5}
     first, second = _run(tmp_path, "first"), _run(tmp_path, "second", iterations=7, **rl_knobs)
     assert pipeline.warm_start_key(first.config) == pipeline.warm_start_key(second.config)  # RL knobs differ only
     made = pipeline.init_run(first)["warm_start"]
@@ -108,3 +108,22 @@ def test_each_update_steps_at_its_iterations_scheduled_rate_whether_loaded_or_ha
         fraction = 1 - 0.5 * k / 4
         assert saved == pytest.approx({"actor": 1e-3 * fraction, "critic": 2e-3 * fraction}), k
         assert metrics["actor/lr"] == pytest.approx(1e-3 * fraction)
+
+
+def test_an_update_with_the_supervised_term_imitates_demonstrations_of_its_games(tmp_path: Path) -> None:
+    """``algo.demo_loss_coef`` through the update stage: the update builds its demonstrations (the
+    warm start's demonstrator for the run's games), and its loss on them is reported; without the
+    term there is none. (Rows without advantage are kept: a 4-step warm start may give every rollout the
+    same reward, and with no row left there is no optimizer step to add the term to.)"""
+    knobs = {"algo.demo_episodes": 4, "algo.drop_zero_advantage": False}
+    for coef in (0.0, 0.5):
+        run = _run(tmp_path, f"demo-{coef}", iterations=1, **{"algo.demo_loss_coef": coef, **knobs})
+        pipeline.init_run(run)
+        pipeline.generate_tasks(run, 0)
+        pipeline.rollout(run, 0)
+        pipeline.filter_and_validate(run, 0)
+        metrics = pipeline.update(run, 0)
+        if coef == 0:
+            assert "actor/demo_nll" not in metrics
+        else:
+            assert 0 < metrics["actor/demo_nll"] < 20  # a finite loss on real demonstrated tokens

@@ -1,6 +1,6 @@
 """The update on 2 data-parallel ranks (torchrun, gloo, 1 thread each) does the 1-rank update's work:
 the same loss and pre-clip gradient norm at every optimizer step, for the torch backend (DDP; with a
-critic too) and DeepSpeed ZeRO-2 and ZeRO-3. The batch's rows differ in length, so the ranks'
+critic too) and DeepSpeed ZeRO-2 and ZeRO-3, and with the supervised term on demonstrations. The batch's rows differ in length, so the ranks'
 token-balanced shards hold different row counts and one rank runs padding micro-batches.
 
 All 2-rank settings run in one torchrun launch (DeepSpeed's first start compiles a small op)."""
@@ -18,7 +18,14 @@ import pytest
 from tests.training.dp_ranks import update_losses
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = ["torch:0:grpo", "torch:0:gae", "deepspeed:2:grpo", "deepspeed:3:grpo"]
+SETTINGS = [
+    "torch:0:grpo",
+    "torch:0:gae",
+    "deepspeed:2:grpo",
+    "deepspeed:3:grpo",
+    "torch:0:grpo:demo",
+    "deepspeed:3:grpo:demo",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +41,10 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[f
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_two_ranks_step_like_one(two_ranks: dict[str, list[list[float]]], setting: str) -> None:
-    _, _, advantage = setting.split(":")
-    one = update_losses("torch", 0, advantage)  # the 1-rank reference (ZeRO at 1 rank equals it: test_deepspeed)
+    _, _, advantage, *demo = setting.split(":")
+    one = update_losses(
+        "torch", 0, advantage, demo == ["demo"]
+    )  # the 1-rank reference (ZeRO at 1 rank equals it: test_deepspeed)
     two = two_ranks[setting]
     for k, (a, b) in enumerate(zip(one, two, strict=True)):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-6), f"update {k}: 1 rank {a} vs 2 ranks {b} ({setting})"

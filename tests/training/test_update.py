@@ -179,6 +179,55 @@ def test_missing_critic_or_reference_is_a_clear_error():
         )
 
 
+def test_the_supervised_term_adds_its_coefficient_times_the_demonstrations_gradient() -> None:
+    """With ``algo.demo_loss_coef`` the step's gradient is the policy loss's plus coef x the gradient of
+    the mean negative log-likelihood per demonstrated token on the step's demonstration rows (5 rows
+    from 3, wrapping: rows 0 and 1 count twice), micro-batched (3 rows) or whole alike; its metric is
+    that mean. Compared through plain SGD at lr 1 (the weight change IS the gradient) before any clip."""
+    from ragen_tasks.training.critic import token_logprobs
+
+    batch = collate(synthetic_trajectories())  # 16 rows: one minibatch, one step
+    demos = collate(synthetic_trajectories(1, 3, seed=5, turns=3))
+    step_rows = torch.tensor([0, 1, 2, 0, 1])
+    reference = tiny_actor(0)
+    chosen = demos.select(step_rows)
+    targets = chosen.loss_mask > 0  # (5, T) True = a demonstrated token
+    logp, _ = token_logprobs(reference, chosen.input_ids, chosen.attention_mask, positions=targets)
+    nll = -(logp * targets).sum() / targets.sum()
+    nll.backward()
+    nll_grads = {name: p.grad.clone() for name, p in reference.named_parameters()}
+
+    changes, metrics = {}, {}
+    for coef, micro in ((0.0, 16), (0.7, 16), (0.7, 3)):
+        algo = AlgoConfig(advantage="grpo", filter_keep_ratio=1.0, demo_loss_coef=coef, demo_episodes=5)
+        optim = OptimConfig(lr=1.0, minibatch_size=16, micro_batch_size=micro, max_grad_norm=1e9)
+        actor_m = tiny_actor(0)
+        before = copy.deepcopy(dict(actor_m.named_parameters()))
+        actor = make_train_model(actor_m, torch.optim.SGD(actor_m.parameters(), lr=1.0), optim)
+        m = ppo_update(
+            batch, actor=actor, algo=algo, optim=optim, generator=torch.Generator().manual_seed(0), demos=demos
+        )
+        assert m["actor/steps"] == 1
+        changes[coef, micro] = {k: (before[k] - v).detach() for k, v in actor_m.named_parameters()}  # = gradient
+        metrics[coef, micro] = m
+    assert "actor/demo_nll" not in metrics[0.0, 16]
+    for micro in (16, 3):
+        assert metrics[0.7, micro]["actor/demo_nll"] == pytest.approx(float(nll.detach()), rel=1e-5)
+        for name, grad in nll_grads.items():
+            added = changes[0.7, micro][name] - changes[0.0, 16][name]
+            torch.testing.assert_close(added, 0.7 * grad, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_the_supervised_term_without_demonstrations_is_a_clear_error() -> None:
+    optim = OptimConfig()
+    algo = AlgoConfig(advantage="grpo", demo_loss_coef=0.1)
+    _, actor, _ = _setup(algo, optim, critic=False)
+    with pytest.raises(ValueError, match=r"algo.demo_loss_coef=0.1 needs demos=.*or set algo.demo_loss_coef=0"):
+        ppo_update(
+            collate(synthetic_trajectories(1, 2)), actor=actor, algo=algo, optim=optim, generator=torch.Generator()
+        )
+
+
 @pytest.mark.gpu
 def test_cuda_update_matches_cpu_update() -> None:
     """The same fp32 update on CUDA and on CPU: same metrics and same new weights (TF32 off).

@@ -75,6 +75,30 @@ def test_demonstrations_train_on_their_reasoning_when_rl_does_not(chatml_tokeniz
     assert all(demo.loss_mask == demo.response_mask for demo in demos)  # ... and all of it is imitated
 
 
+def test_rl_demonstrations_are_fresh_training_boards_each_iteration(chatml_tokenizer) -> None:
+    """RL's supervised term imitates the warm start's demonstrator on boards of its own stream: none
+    the warm start trained on, none from the held-out seeds, new ones each iteration, and the same
+    ones for the same iteration (every rank builds them alike)."""
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations, rl_demonstrations
+
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=AgentConfig(max_tokens_per_turn=64, loss_on_reasoning=False),
+        warm_start=WarmStartConfig(episodes_per_env=64),
+    )
+    warm = {d.seed for d in demonstrations(chatml_tokenizer, config, seed=config.warm_start.seed_for(config.seed))}
+    first = rl_demonstrations(chatml_tokenizer, config, iteration=0, episodes=16)
+    again = rl_demonstrations(chatml_tokenizer, config, iteration=0, episodes=16)
+    later = rl_demonstrations(chatml_tokenizer, config, iteration=1, episodes=16)
+    seeds = [d.seed for d in first]
+    assert len(first) == 16 and seeds == [d.seed for d in again]
+    assert [d.input_ids for d in first] == [d.input_ids for d in again]
+    assert not set(seeds) & warm and not set(seeds) & {d.seed for d in later}
+    assert max(seeds + [d.seed for d in later]) < config.eval.seed_offset
+    assert all(d.loss_mask == d.response_mask and d.turn_think[0] for d in first)  # the reasoning is imitated
+
+
 def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) -> None:
     """Noise-free FrozenLake demonstrations on the paper's lake (slippery, random maps) succeed as
     often as the planner's value says, and name at most max_actions_per_turn actions a turn."""
