@@ -2,8 +2,10 @@
 
 The warm start trains on demonstration episodes (``training.warm_start.demonstrations``); this scores
 a checkpoint on the episodes it trained on and on fresh ones of another seed, teacher-forced: the
-mean negative log-likelihood per demonstrated token, split into the reasoning's tokens (everything
-up to ``<answer>``) and the answer's (``<answer>`` .. ``</answer>``' contents and closing tag). Training
+mean negative log-likelihood per demonstrated token, split into each turn's reasoning (its tokens
+through the one that completes ``</think>``: ``rollout.loop.reasoning_token_count``, the line
+``agent.loss_on_reasoning=false`` draws) and its answer (the rest of the turn: the answer, its tags and
+the end-of-turn token). Training
 and fresh losses alike mean the warm start does not overfit (more demonstrations would not help); a
 lower reasoning loss means a model that restates the board better (what ``bench/perception.py``
 measures on its own rollouts).
@@ -26,6 +28,7 @@ from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.models.loading import load_policy
 from ragen_tasks.presets import load_config
+from ragen_tasks.rollout.loop import reasoning_token_count
 from ragen_tasks.training.critic import token_logprobs
 from ragen_tasks.training.warm_start import demonstrations
 
@@ -34,28 +37,22 @@ FRESH_SEED_OFFSET = 7777  # fresh episodes: the warm start's seed plus this (oth
 
 def split_losses(model: torch.nn.Module, tokenizer: object, episodes: list[Trajectory]) -> dict[str, float]:
     """Mean negative log-likelihood per demonstrated token: {"reasoning": .., "answer": ..}."""
-    answer_open, answer_close = tokenizer.convert_tokens_to_ids(["<answer>", "</answer>"])  # type: ignore[attr-defined]
-    if tokenizer.unk_token_id in (answer_open, answer_close) or None in (answer_open, answer_close):  # type: ignore[attr-defined]
-        # a tokenizer that splits the tags (a hub model's) would put every token on the reasoning's side
-        raise SystemExit("demo_loss: the tokenizer has no single <answer> / </answer> token (the presets' do)")
     pad_id = tokenizer.pad_token_id or 0  # type: ignore[attr-defined]
     totals = {"reasoning": [0.0, 0], "answer": [0.0, 0]}
     for start in range(0, len(episodes), 64):
-        batch = collate(episodes[start : start + 64], pad_id=pad_id)
+        chunk = episodes[start : start + 64]
+        batch = collate(chunk, pad_id=pad_id)
         targets = batch.loss_mask > 0  # (B, T) True = a demonstrated response token
         with torch.no_grad():
             logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=targets)  # (B, T)
-        for ids, is_target, row_logp in zip(batch.input_ids.tolist(), targets.tolist(), logp.tolist(), strict=True):
-            in_answer = False  # between <answer> (exclusive) and </answer> (inclusive)
-            for token, target, lp in zip(ids, is_target, row_logp, strict=True):
-                if target:
-                    part = totals["answer" if in_answer else "reasoning"]
-                    part[0] -= lp
-                    part[1] += 1
-                if token == answer_open:
-                    in_answer = True
-                elif token == answer_close:
-                    in_answer = False
+        for episode, row_logp in zip(chunk, logp.tolist(), strict=True):
+            for first, end in zip(episode.turn_starts, episode.turn_ends, strict=True):
+                reasoning_end = first + reasoning_token_count(episode.input_ids[first:end], tokenizer)
+                for position in range(first, end):
+                    if episode.loss_mask[position]:
+                        part = totals["reasoning" if position < reasoning_end else "answer"]
+                        part[0] -= row_logp[position]
+                        part[1] += 1
     return {name: round(total / max(count, 1), 4) for name, (total, count) in totals.items()}
 
 
