@@ -273,6 +273,13 @@ class AlgoConfig(_Frozen):
     demo_episodes: int = Field(
         8, ge=1, description="demonstration episodes per optimizer step for the supervised term (algo.demo_loss_coef)"
     )
+    demo_noise: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="the supervised term's demonstrator noise (the share of its actions replaced by random ones); "
+        "None = warm_start.demo_noise",
+    )
 
 
 LrSchedule = Literal["constant", "linear"]

@@ -263,8 +263,12 @@ def demonstrations(
 
 def rl_demonstrations(tokenizer: Any, config: TrainConfig, *, iteration: int, episodes: int) -> list[Trajectory]:
     """Fresh demonstration episodes for RL's supervised term (``algo.demo_loss_coef``) at ``iteration``:
-    the warm start's demonstrator, noise and reasoning, on seeds of their own stream, so RL imitates
-    boards neither the warm start nor the rollouts saw. The same on every rank."""
+    the warm start's demonstrator and reasoning, at ``algo.demo_noise`` (default: the warm start's
+    noise), on seeds of their own stream, so RL imitates boards neither the warm start nor the
+    rollouts saw. The same on every rank."""
+    if config.algo.demo_noise is not None:
+        warm = config.warm_start.model_copy(update={"demo_noise": config.algo.demo_noise})
+        config = config.model_copy(update={"warm_start": warm})
     return demonstrations(tokenizer, config, seed=config.seed, episodes=episodes, stream=RL_DEMO_STREAM + iteration)
 
 

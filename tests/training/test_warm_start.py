@@ -99,6 +99,26 @@ def test_rl_demonstrations_are_fresh_training_boards_each_iteration(chatml_token
     assert all(d.loss_mask == d.response_mask and d.turn_think[0] for d in first)  # the reasoning is imitated
 
 
+def test_rl_demonstrations_play_at_their_own_noise_when_it_is_set(chatml_tokenizer) -> None:
+    """``algo.demo_noise`` replaces the warm start's noise for RL's demonstrations only: with every
+    warm-start action random, noise-free RL demonstrations still play the solver's plans."""
+    from ragen_tasks.config import AgentConfig, AlgoConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import rl_demonstrations
+
+    def success(algo: AlgoConfig) -> float:
+        config = TrainConfig(
+            envs=[EnvSpec(name="sokoban")],
+            agent=AgentConfig(max_tokens_per_turn=64, max_actions_per_turn=3),
+            warm_start=WarmStartConfig(demo_noise=1.0),
+            algo=algo,
+        )
+        demos = rl_demonstrations(chatml_tokenizer, config, iteration=0, episodes=32)
+        return sum(d.success for d in demos) / len(demos)
+
+    assert success(AlgoConfig()) < 0.3  # the warm start's noise: random actions
+    assert success(AlgoConfig(demo_noise=0.0)) > 0.85  # the BFS solver's plans (0.98 of rooms solvable in 10)
+
+
 def test_slippery_lake_demonstrations_play_the_turn_planner(chatml_tokenizer) -> None:
     """Noise-free FrozenLake demonstrations on the paper's lake (slippery, random maps) succeed as
     often as the planner's value says, and name at most max_actions_per_turn actions a turn."""
