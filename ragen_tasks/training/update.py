@@ -182,9 +182,9 @@ def ppo_update(
         order = torch.randperm(batch.batch_size, generator=generator)
         for start in range(0, batch.batch_size, optim.minibatch_size):
             rows = order[start : start + optim.minibatch_size]
-            demo_rows = _demo_rows(demos, algo, steps + skipped)
+            step_demos = _step_demos(demos, algo, steps + skipped)
             mb_metrics, stepped, mb_tokens = minibatch_step(
-                batch, rows, adv, old, actor, critic, algo, optim, demos=demos, demo_rows=demo_rows
+                batch, rows, adv, old, actor, critic, algo, optim, demos=step_demos
             )
             tokens += mb_tokens
             steps, skipped = (steps + 1, skipped) if stepped else (steps, skipped + 1)
@@ -253,12 +253,12 @@ def _rows_with_signal(
     return batch.select(keep), Advantages(kept, None, adv.metrics)
 
 
-def _demo_rows(demos: TokenBatch | None, algo: AlgoConfig, step: int) -> Tensor | None:
-    """The demonstration rows optimizer step ``step`` imitates (None: no supervised term)."""
+def _step_demos(demos: TokenBatch | None, algo: AlgoConfig, step: int) -> TokenBatch | None:
+    """The demonstration episodes optimizer step ``step`` imitates (None: no supervised term)."""
     if demos is None or algo.demo_loss_coef == 0:
         return None
     first = step * algo.demo_episodes
-    return torch.arange(first, first + algo.demo_episodes) % demos.batch_size  # (demo_episodes,)
+    return demos.select(torch.arange(first, first + algo.demo_episodes) % demos.batch_size)  # demo_episodes rows
 
 
 #: Metrics that are a micro-batch's share of the minibatch loss (they carry its denominator): summed.
@@ -278,10 +278,9 @@ def minibatch_step(
     optim: OptimConfig,
     *,
     demos: TokenBatch | None = None,
-    demo_rows: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], bool, int]:
     """One optimizer step on the minibatch ``rows`` (whole trajectories), micro-batch by micro-batch;
-    with ``demo_rows`` (rows of ``demos``) the warm start's loss on them first (``demo_step``).
+    with ``demos`` (the step's demonstration episodes) the warm start's loss on them first (``demo_step``).
 
     This rank runs its micro-batches of the minibatch (``batching.rank_plan``: a token-balanced
     shard, packed by length); every loss carries the WHOLE minibatch's denominator, so the
@@ -299,8 +298,8 @@ def minibatch_step(
     device = batch.input_ids.device
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=device))
     tokens = 0
-    if demos is not None and demo_rows is not None:
-        tokens += demo_step(demos, demo_rows, actor, algo, optim, sums)
+    if demos is not None:
+        tokens += demo_step(demos, actor, algo, optim, sums)
     for i, micro in enumerate(plan):
         mb = batch.select(micro.rows)
         mrows, t = micro.rows, mb.seq_len
@@ -373,15 +372,15 @@ def minibatch_step(
 
 
 def demo_step(
-    demos: TokenBatch, rows: Tensor, actor: TrainModel, algo: AlgoConfig, optim: OptimConfig, sums: dict[str, Tensor]
+    demos: TokenBatch, actor: TrainModel, algo: AlgoConfig, optim: OptimConfig, sums: dict[str, Tensor]
 ) -> int:
-    """Accumulate ``algo.demo_loss_coef`` x the warm start's loss on the demonstration ``rows`` into the
-    actor's gradient (this rank's token-balanced shard of them; never the step's last micro-batch, so
-    the gradient syncs with the policy loss's). The loss is the mean negative log-likelihood per
-    demonstrated token over all of ``rows``, added to ``sums["actor/demo_nll"]`` as this rank's share.
-    Returns the tokens this rank processed."""
-    targets_all = demos.loss_mask[rows] > 0  # (n, T) True = a demonstrated response token
-    denom = max(float(targets_all.sum()), 1.0)
+    """Accumulate ``algo.demo_loss_coef`` x the warm start's loss on the demonstration episodes
+    ``demos`` into the actor's gradient (this rank's token-balanced shard of them; never the step's
+    last micro-batch, so the gradient syncs with the policy loss's). The loss is the mean negative
+    log-likelihood per demonstrated token over all of ``demos``, added to ``sums["actor/demo_nll"]``
+    as this rank's share. Returns the tokens this rank processed."""
+    denom = max(float((demos.loss_mask > 0).sum()), 1.0)  # every demonstrated token of the step
+    rows = torch.arange(demos.batch_size)  # (n,)
     plan = _micro_batches(rows, demos.lengths, actor, optim)
     tokens = 0
     for micro in plan:
