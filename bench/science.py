@@ -156,6 +156,12 @@ def main() -> None:
         help="finished runs (folders) to add as further seeds of the preset for their game",
     )
     args = parser.parse_args()
+    for folder in args.runs:  # checked before any preset's training or evaluation starts
+        if not (folder / "summary.json").is_file():
+            parser.error(
+                f"--runs {folder}: no summary.json there; give the folder of a finished run "
+                "(a run writes summary.json when its last iteration is done)"
+            )
 
     from ragen_tasks.evaluation import one_sided_z, pair_outcomes, reference_points
     from ragen_tasks.presets import load_config
@@ -167,11 +173,6 @@ def main() -> None:
         reference = reference_points(config.envs[0], config.agent, seeds=args.eval_seeds, seed_offset=args.eval_offset)
         added, added_labels = [], []
         for folder in args.runs:  # finished runs of this preset made elsewhere, as further seeds
-            if not (folder / "summary.json").is_file():
-                raise SystemExit(
-                    f"--runs {folder}: no summary.json there; give the folder of a finished run "
-                    "(a run writes summary.json when its last iteration is done)"
-                )
             summary = json.loads((folder / "summary.json").read_text())
             if env not in summary["eval_after_rl"]:  # a run of another game's preset
                 continue
