@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import pytest
 
 from flows.progress import SUMMARY_KEYS, Clock, artifact_key, metrics_row
 from tests.conftest import TINY_RUN
+
+#: Seconds a test waits for Prefect's log worker to deliver a finished run's last log lines.
+LOG_DELIVERY_S = 30.0
 
 
 def test_a_metrics_row_shows_summary_and_eval_keys_with_non_finite_values_as_text() -> None:
@@ -65,7 +69,14 @@ def test_the_ui_sees_library_logs_warm_start_progress_and_one_growing_metrics_ta
             keyed = await client.read_artifacts(
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ui-view-metrics", "ui-view-warm-start"]))
             )
-            logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+            # Prefect ships log lines from a background worker in batches, so the last batch may
+            # still be on its way when the flow returns: wait (bounded) for the run's last line.
+            log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
+            deadline = time.monotonic() + LOG_DELIVERY_S
+            logs = await client.read_logs(log_filter=log_filter)
+            while not any(log.message.startswith("iteration 1:") for log in logs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                logs = await client.read_logs(log_filter=log_filter)
             return (
                 [a for a in keyed if a.key == "ui-view-metrics"],
                 [a for a in keyed if a.key != "ui-view-metrics"],
