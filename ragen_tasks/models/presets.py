@@ -5,7 +5,9 @@ step; ``small`` (~3M) is the benchmark's larger point. All use a tokenizer train
 the same corpus (``tokenizer.py``). Variants of ``tiny`` for asking what limits it: ``tiny-cells``
 has a tokenizer that splits boards into one token per cell (its own vocabulary); ``tiny-wide``
 doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost per step
-(bench/RESULTS.md, "One token per board cell" and "Width or depth"). A preset is built once into a
+(bench/RESULTS.md, "One token per board cell" and "Width or depth"); ``tiny-rows`` (and
+``tiny-deep-rows``) make each row of the 4-wide lake one added token, which is what lets the tiny
+model read the lake (bench/RESULTS.md, "One token per lake row"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
@@ -41,6 +43,7 @@ class PresetSpec:
     max_position_embeddings: int = 4096
     seed: int = 0  # random init seed
     board_cells: bool = False  # tokenizer: one token per board cell (tokenizer.build_tokenizer)
+    lake_rows: bool = False  # tokenizer: one token per row of the 4-wide lake (tokenizer.build_tokenizer)
 
 
 _TINY = PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
@@ -51,6 +54,8 @@ PRESETS: dict[str, PresetSpec] = {
     "tiny-cells": replace(_TINY, board_cells=True),
     "tiny-wide": replace(_TINY, hidden_size=128, intermediate_size=256),
     "tiny-deep": replace(_TINY, num_layers=4),
+    "tiny-rows": replace(_TINY, lake_rows=True),
+    "tiny-deep-rows": replace(_TINY, num_layers=4, lake_rows=True),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
@@ -66,7 +71,7 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     spec = PRESETS[name]
-    tokenizer = build_tokenizer(vocab_size=spec.vocab_size, board_cells=spec.board_cells)
+    tokenizer = build_tokenizer(vocab_size=spec.vocab_size, board_cells=spec.board_cells, lake_rows=spec.lake_rows)
     model = qwen2_model(
         spec, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

@@ -4,7 +4,8 @@ Byte-level BPE means ANY text encodes (unknown characters fall back to bytes), s
 never fails on a board symbol it has not seen. It is trained on a fixed built-in corpus: sample
 boards in the games' symbol sets, the answer tags, action names, digits and the prompt words,
 plus the renders of the registered games when ``ragen_tasks.envs`` provides them. BPE merges runs
-of board symbols (``###``, ``#P``) into single tokens; ``board_cells=True`` keeps one token per cell.
+of board symbols (``###``, ``#P``) into single tokens; ``board_cells=True`` keeps one token per cell,
+``lake_rows=True`` makes each row of the 4-wide lake one token.
 
 The answer tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``, ``||``) are added tokens:
 each is exactly one id, which makes stopping at ``</answer>`` a one-token check. They are not
@@ -72,6 +73,20 @@ _BOARD_SYMBOLS = ("#", "_", "O", "X", "√", "P", "S", "G")
 #: is split (tested). Other text can be: runs of these capitals (``GPS``) or one ending a line (``UP``).
 BOARD_CELL_REGEX = f"[{''.join(_BOARD_SYMBOLS)}](?=[{''.join(_BOARD_SYMBOLS)}]|$)"
 
+#: The paper's lake is 4 cells wide; its board symbols (``frozen_lake.LEGEND``'s keys).
+LAKE_ROW_WIDTH = 4
+_LAKE_FLOOR, _LAKE_PLAYER, _LAKE_GOAL = ("_", "O"), ("P", "X", "√"), "G"
+
+
+def lake_row_tokens(width: int = LAKE_ROW_WIDTH) -> list[str]:
+    """Every row a ``width``-wide FrozenLake board can show: frozen tiles and holes, at most one
+    player symbol (on ice, in a hole, on the goal) and at most one goal (288 rows at width 4)."""
+    rows = []
+    for cells in itertools.product((*_LAKE_FLOOR, *_LAKE_PLAYER, _LAKE_GOAL), repeat=width):
+        if sum(c in _LAKE_PLAYER for c in cells) <= 1 and cells.count(_LAKE_GOAL) <= 1:
+            rows.append("".join(cells))
+    return rows
+
 
 def _builtin_corpus() -> list[str]:
     """Deterministic sample text covering the boards, tags, actions, digits and prompt words."""
@@ -130,13 +145,19 @@ def corpus_fingerprint(corpus: list[str]) -> str:
 
 
 def build_tokenizer(
-    vocab_size: int = 1024, corpus: list[str] | None = None, *, board_cells: bool = False
+    vocab_size: int = 1024, corpus: list[str] | None = None, *, board_cells: bool = False, lake_rows: bool = False
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus()``) and wrap it.
 
     ``board_cells``: split a game board into one token per cell (``BOARD_CELL_REGEX``) before BPE,
     so that a cell's token does not depend on its neighbours (by default BPE merges runs such as
     ``###`` or ``#P`` into one token, and the model must learn every merged piece's layout).
+
+    ``lake_rows``: every row of the paper's 4-wide lake is one token (``lake_row_tokens``, added
+    tokens), so a board is four row tokens between newlines: which column holds the player, the goal
+    or a hole is a property of one token, and a row's place on the board a fixed offset, instead of
+    something a small model must count out of merged pieces of varying length. The same four
+    symbols in a row of other text (a Sokoban row such as ``#_X__#``) also become one such token.
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 300 (256 bytes + specials)")
@@ -171,5 +192,7 @@ def build_tokenizer(
         model_max_length=4096,
     )
     wrapped.add_tokens(list(TAG_TOKENS))  # one id each; not special, so decoding keeps them
+    if lake_rows:
+        wrapped.add_tokens(lake_row_tokens())
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped

@@ -154,3 +154,55 @@ def test_board_cell_preset_reloads_with_its_split(tmp_path) -> None:
     fresh = build_tokenizer(board_cells=True)
     for text in TEXTS:
         assert reloaded.encode(text) == fresh.encode(text), text
+
+
+@pytest.fixture(scope="module")
+def row_tok():
+    return build_tokenizer(lake_rows=True)
+
+
+def test_lake_row_tokens_cover_every_row_a_lake_shows() -> None:
+    """Each row a 4-wide lake can render is listed once: frozen tiles and holes with at most one
+    player symbol and at most one goal (the count by hand: 16 + 96 + 32 + 144 = 288)."""
+    from ragen_tasks.models.tokenizer import lake_row_tokens
+
+    rows = lake_row_tokens()
+    assert len(rows) == len(set(rows)) == 16 + 4 * 3 * 8 + 4 * 8 + 4 * 3 * 3 * 4
+    assert {"____", "P___", "OG_O", "__√_", "X_OO"} <= set(rows)
+    assert not {"PP__", "GG__", "P__X", "#___"} & set(rows)
+
+
+def test_lake_rows_are_one_token_each(row_tok, tok) -> None:
+    """With ``lake_rows`` a rendered lake (any state: on ice, in a hole, on the goal) is its four rows,
+    one token each, between newlines, and the prompt's words and the answers encode as before."""
+    from ragen_tasks import envs
+
+    env = envs.make("frozen_lake")
+    for seed in range(20):
+        board, _ = env.reset(seed=seed)
+        for action in ("Left", "Down", "Right", "Up", "Down"):
+            rows = str(board).split("\n")
+            pieces = [row_tok.decode([i]) for i in row_tok.encode(str(board) + "<|im_end|>")]
+            rows_between_newlines = [piece for row in rows for piece in (row, "\n")][:-1]
+            assert pieces == [*rows_between_newlines, "<|im_end|>"], (seed, board)
+            board, _, terminated, _, _ = env.step(action)
+            if terminated:
+                break
+    for sample in TEXTS:
+        assert row_tok.decode(row_tok.encode(sample)) == sample
+    prose = (
+        "Symbols: P = player, _ = frozen tile, O = hole. <think>The goal is Down 2.</think><answer>Up || Left</answer>"
+    )
+    assert row_tok.encode(prose) == tok.encode(prose)
+
+
+def test_lake_row_preset_reloads_with_its_rows(tmp_path) -> None:
+    """``tiny-rows`` comes back from its cache folder encoding boards into the same row ids."""
+    from ragen_tasks.models.loading import load_tokenizer
+    from ragen_tasks.models.presets import ensure_preset
+
+    folder = ensure_preset("tiny-rows", cache_dir=tmp_path)
+    reloaded = load_tokenizer(str(folder))
+    fresh = build_tokenizer(lake_rows=True)
+    for text in (*TEXTS, "Board:\n____\nP___\nOG_O\n__√_<|im_end|>"):
+        assert reloaded.encode(text) == fresh.encode(text), text
