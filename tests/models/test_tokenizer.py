@@ -178,16 +178,20 @@ def test_lake_rows_are_one_token_each(row_tok, tok) -> None:
     from ragen_tasks import envs
 
     env = envs.make("frozen_lake")
-    for seed in range(20):
+    boards = []  # every board shown, the terminal ones (player in a hole ``X``, on the goal ``√``) included
+    for seed in range(100):
         board, _ = env.reset(seed=seed)
-        for action in ("Left", "Down", "Right", "Up", "Down"):
-            rows = str(board).split("\n")
-            pieces = [row_tok.decode([i]) for i in row_tok.encode(str(board) + "<|im_end|>")]
-            rows_between_newlines = [piece for row in rows for piece in (row, "\n")][:-1]
-            assert pieces == [*rows_between_newlines, "<|im_end|>"], (seed, board)
+        boards.append(str(board))
+        for action in ("Left", "Down", "Right", "Up", "Down", "Right", "Down", "Right"):
             board, _, terminated, _, _ = env.step(action)
+            boards.append(str(board))
             if terminated:
                 break
+    assert {"P", "X", "√"} <= set("".join(boards)), "the boards must show every player state"
+    for board in boards:
+        rows_between_newlines = [piece for row in board.split("\n") for piece in (row, "\n")][:-1]
+        pieces = [row_tok.decode([i]) for i in row_tok.encode(board + "<|im_end|>")]
+        assert pieces == [*rows_between_newlines, "<|im_end|>"], board
     for sample in TEXTS:
         assert row_tok.decode(row_tok.encode(sample)) == sample
     prose = (
