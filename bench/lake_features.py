@@ -14,7 +14,8 @@ Feature sets:
 * ``goal+turn``: and the turn (the prompt says the turns and actions left);
 * ``goal+neighbours``: and what lies one step away on each side: hole, frozen, goal or wall (off the board)
   (what ``neighbours`` reasoning states);
-* ``goal+neighbours+turn``.
+* ``goal+neighbours+turn``;
+* ``goal+neighbours+budget``: and the turns and actions left, both (the planner's own budget).
 
 Usage::
 
@@ -35,13 +36,15 @@ TURNS, ACTIONS, PER_TURN = 5, 10, 3
 Turn = tuple[str, ...]
 
 
-def features(env: FrozenLakeEnv, kind: str, turn: int) -> tuple[object, ...]:
+def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tuple[object, ...]:
     (row, col), (goal_row, goal_col) = env.position, env.goal
     reading: tuple[object, ...] = (goal_row - row, goal_col - col)
     if "neighbours" in kind:
         reading += env.neighbours
     if "turn" in kind:
         reading += (turn,)
+    if "budget" in kind:
+        reading += (turn, actions_left)
     return reading
 
 
@@ -71,14 +74,14 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=4000, help="held-out lakes each policy plays")
     args = parser.parse_args()
 
-    kinds = ("goal", "goal+turn", "goal+neighbours", "goal+neighbours+turn")
+    kinds = ("goal", "goal+turn", "goal+neighbours", "goal+neighbours+turn", "goal+neighbours+budget")
     env = FrozenLakeEnv(max_actions_per_episode=ACTIONS)
     counts: dict[str, defaultdict[tuple[object, ...], Counter[Turn]]] = {k: defaultdict(Counter) for k in kinds}
 
     def recording_planner(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
         chosen = planner_turn(env, turn, actions_left)
         for kind in kinds:
-            counts[kind][features(env, kind, turn)][chosen] += 1
+            counts[kind][features(env, kind, turn, actions_left)][chosen] += 1
         return chosen
 
     for seed in range(args.train):
@@ -89,8 +92,8 @@ def main() -> None:
     for kind in kinds:
         lookup = {value: turns.most_common(1)[0][0] for value, turns in counts[kind].items()}
 
-        def policy(env: FrozenLakeEnv, turn: int, _left: int, kind: str = kind, lookup: dict = lookup) -> Turn:
-            return lookup.get(features(env, kind, turn), ())
+        def policy(env: FrozenLakeEnv, turn: int, left: int, kind: str = kind, lookup: dict = lookup) -> Turn:
+            return lookup.get(features(env, kind, turn, left), ())
 
         wins = sum(play(env, 2_000_000 + seed, policy) for seed in range(args.test))
         print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} |")

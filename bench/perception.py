@@ -1,7 +1,7 @@
 """Does the policy read the board? Its reasoning, sentence by sentence, against the board it saw.
 
 A warm start teaches reasoning that restates what the board says (``warm_start.reasoning``:
-``relative`` or ``neighbours``; ``training.warm_start.demo_reasoning``). This reads a run's rollouts
+``relative``, ``neighbours`` or ``neighbours-turns``; ``training.warm_start.demo_reasoning``). This reads a run's rollouts
 from its store and, for every turn, rebuilds the game from the turn's board, writes the reasoning
 the demonstrator would have written for it, and compares it with what the policy wrote: per
 sentence (``The goal is ...``, ``Left hole.``, ...), the share of turns where the policy's sentence
@@ -10,7 +10,7 @@ reads it right, whatever it learns about acting.
 
 Usage::
 
-    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours]
+    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours] [--max-turns 5]
     python bench/perception.py --checkpoints CKPT [CKPT ...] [--seeds 1024] [--temperature 0] [--style ...]
 
 The first form reads a run's training rollouts from its store (a folder, ``file://`` or ``s3://``),
@@ -65,22 +65,23 @@ def label(sentence: str) -> str:
 
 
 def read_rate(
-    trajectories: list[Trajectory], style: str, first_turns: int | None = None
+    trajectories: list[Trajectory], style: str, max_turns: int, first_turns: int | None = None
 ) -> tuple[int, Counter[str], Counter[str]]:
     """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence
-    expected), over every turn of each trajectory or its first ``first_turns``."""
+    expected), over every turn of each trajectory or its first ``first_turns``; ``max_turns`` is the
+    run's ``agent.max_turns`` (turn i of an episode has ``max_turns - i`` turns left)."""
     right: Counter[str] = Counter()
     expected: Counter[str] = Counter()
     turns = 0
     for trajectory in trajectories:
         pairs = list(zip(trajectory.turn_observations, trajectory.turn_think, strict=True))
-        for board, think in pairs[:first_turns]:
+        for turn, (board, think) in enumerate(pairs[:first_turns]):
             env = game_at(trajectory.env_name, board)
             if env is None:
                 continue
             turns += 1
             written = set(sentences(think))
-            for sentence in sentences(demo_reasoning(env, style)):
+            for sentence in sentences(demo_reasoning(env, style, turns_left=max_turns - turn)):
                 expected[label(sentence)] += 1
                 right[label(sentence)] += sentence in written
     return turns, right, expected
@@ -110,8 +111,9 @@ def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[s
             run.config, Path(folder), seeds=args.seeds, seed_offset=args.seed_offset, temperature=args.temperature
         )
         name = str(folder)
-        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, first_turns=1)))
-        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style)))
+        max_turns = run.config.agent.max_turns
+        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, max_turns, first_turns=1)))
+        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style, max_turns)))
     return rows
 
 
@@ -121,7 +123,13 @@ def main() -> None:
     parser.add_argument("run_id", nargs="?")
     parser.add_argument("--iterations", type=int, nargs="+", default=[0], help="iterations whose rollouts to read")
     parser.add_argument(
-        "--style", default="neighbours", choices=["relative", "neighbours"], help="the run's warm_start.reasoning"
+        "--style",
+        default="neighbours",
+        choices=["relative", "neighbours", "neighbours-turns"],
+        help="the run's warm_start.reasoning",
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=5, help="the run's agent.max_turns (STORE RUN_ID; --checkpoints read it)"
     )
     parser.add_argument("--checkpoints", nargs="+", help="checkpoint folders to play on the same held-out seeds")
     parser.add_argument("--seeds", type=int, default=1024, help="held-out seeds per checkpoint (--checkpoints)")
@@ -141,7 +149,7 @@ def main() -> None:
     rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")
-        rows.append((str(iteration), *read_rate(trajectories, args.style)))
+        rows.append((str(iteration), *read_rate(trajectories, args.style, args.max_turns)))
     print_rates(rows, "iteration")
 
 

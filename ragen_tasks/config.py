@@ -498,13 +498,13 @@ class WarmStartConfig(_Frozen):
         le=1,
         description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones",
     )
-    reasoning: Literal["relative", "neighbours", "fixed"] = Field(
+    reasoning: Literal["relative", "neighbours", "neighbours-turns", "fixed"] = Field(
         "relative",
         description="the demonstrations' <think> text: 'relative' states where the things that matter lie, in "
         "action names (Sokoban: the box from the player, the target from the box; FrozenLake: the goal), read "
         "from the board; 'neighbours' adds what lies one step from the player on each side (FrozenLake: hole, "
-        "frozen, goal, wall; Sokoban: wall, box, target, floor); 'fixed' is one sentence per game. Bandit "
-        "reasoning never names an arm",
+        "frozen, goal, wall; Sokoban: wall, box, target, floor); 'neighbours-turns' then restates the prompt's "
+        "turns left ('Turns left: 3.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
     seed: int | None = Field(
         None,

@@ -60,7 +60,7 @@ _REASON = {
 }
 
 
-def demo_reasoning(env: TextGame, style: str = "relative") -> str:
+def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | None = None) -> str:
     """The demonstration's think text: what the demonstrator reads off the board, not its choice.
 
     ``style`` is ``WarmStartConfig.reasoning``. ``"relative"``: Sokoban says where the nearest box
@@ -68,9 +68,15 @@ def demo_reasoning(env: TextGame, style: str = "relative") -> str:
     FrozenLake says where the goal lies (a small model learns to act on these directions far sooner
     than on the grid alone). ``"neighbours"``: the relative text, then what lies one step from the
     player on each side (the features a slip-aware lake policy turns on: where the holes and the
-    edges are). A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
+    edges are). ``"neighbours-turns"``: the neighbours text, then ``Turns left: N.`` restated from the
+    prompt (``turns_left``, required: on slippery ice the best turn depends on how many are left).
+    A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
     ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
     """
+    if style == "neighbours-turns" and env.name != "bandit":
+        if turns_left is None:
+            raise ValueError("demo_reasoning(style='neighbours-turns') needs turns_left: the turns left in the episode")
+        return f"{demo_reasoning(env, 'neighbours')} Turns left: {turns_left}."
     if env.name == "frozen_lake":
         lake: Any = env
         if lake.config.position_hint != "none":
@@ -203,11 +209,11 @@ class DemonstratorEngine:
                 if request.session_id not in self._planners:
                     self._planners[request.session_id] = lake_planner(env, self.agent)
                 planner = self._planners[request.session_id]
-            actions = demo_actions(
-                env, self.rng, self.agent, turns_left=self.agent.max_turns - turn, noise=self.noise, planner=planner
-            )
+            turns_left = self.agent.max_turns - turn
+            actions = demo_actions(env, self.rng, self.agent, turns_left=turns_left, noise=self.noise, planner=planner)
             answer = f"<answer>{' || '.join(actions)}</answer>"
-            text = f"<think>{demo_reasoning(env, self.reasoning)}</think>{answer}" if self.agent.think else answer
+            reasoning = demo_reasoning(env, self.reasoning, turns_left=turns_left)
+            text = f"<think>{reasoning}</think>{answer}" if self.agent.think else answer
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
             if len(ids) > params.max_new_tokens and not self._warned_cut:
                 # cut to the turn's limit, the reply teaches an answer that never closes

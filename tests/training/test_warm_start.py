@@ -61,6 +61,41 @@ def test_neighbours_reasoning_names_each_side_of_the_player() -> None:
     assert demo_reasoning(sokoban, "neighbours").endswith("Up floor. Down floor. Left box. Right floor.")
 
 
+def test_neighbours_turns_reasoning_adds_the_turns_left() -> None:
+    lake = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False)
+    lake.reset(seed=0)
+    assert demo_reasoning(lake, "neighbours-turns", turns_left=3) == (
+        "The goal is Up 1 and Right 2 from me. Left wall. Down wall. Right frozen. Up frozen. Turns left: 3."
+    )
+    with pytest.raises(ValueError, match="turns_left"):
+        demo_reasoning(lake, "neighbours-turns")
+    bandit = make("bandit")
+    bandit.reset(seed=0)
+    assert demo_reasoning(bandit, "neighbours-turns") == demo_reasoning(bandit, "fixed")  # no turns on a bandit
+
+
+def test_neighbours_turns_demonstrations_restate_the_prompts_turns_left(chatml_tokenizer) -> None:
+    """Each turn's reasoning says the turns left that the prompt before it says, counting down."""
+    import re
+
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations
+
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=AgentConfig(max_turns=5, max_tokens_per_turn=96),
+        warm_start=WarmStartConfig(episodes_per_env=16, reasoning="neighbours-turns"),
+    )
+    demos = demonstrations(chatml_tokenizer, config, seed=0)
+    assert any(len(demo.turn_think) > 2 for demo in demos)  # episodes that last, so the count is tested
+    for demo in demos:
+        prompt = chatml_tokenizer.decode(demo.input_ids)
+        said_by_prompt = [int(n) for n in re.findall(r"Turns left: (\d+)\. Actions left", prompt)]
+        said_by_reasoning = [int(re.search(r"Turns left: (\d+)\.$", think)[1]) for think in demo.turn_think]
+        assert said_by_reasoning == list(range(5, 5 - len(demo.turn_think), -1))
+        assert said_by_reasoning == said_by_prompt[: len(said_by_reasoning)]
+
+
 def test_demonstrations_train_on_their_reasoning_when_rl_does_not(chatml_tokenizer) -> None:
     from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
     from ragen_tasks.training.warm_start import demonstrations
