@@ -6,11 +6,13 @@ from its store and, for every turn, rebuilds the game from the turn's board, wri
 the demonstrator would have written for it, and compares it with what the policy wrote: per
 sentence (``The goal is ...``, ``Left hole.``, ...), the share of turns where the policy's sentence
 is the right one. A policy that acts on a wrong reading of the board cannot imitate a planner that
-reads it right, whatever it learns about acting.
+reads it right, whatever it learns about acting. On FrozenLake one more column, ``Planner's turn``,
+says how often the turn's actions were the slip-aware planner's (the warm start's demonstrator, for
+the board, the turns and the actions left): what the policy does with what it read.
 
 Usage::
 
-    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours] [--max-turns 5]
+    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours]
     python bench/perception.py --checkpoints CKPT [CKPT ...] [--seeds 1024] [--temperature 0] [--style ...]
 
 The first form reads a run's training rollouts from its store (a folder, ``file://`` or ``s3://``),
@@ -28,11 +30,12 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from ragen_tasks.config import AgentConfig, TrainConfig
 from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.training.warm_start import demo_reasoning
+from ragen_tasks.training.warm_start import demo_reasoning, lake_planner
 
 _SENTENCE = re.compile(r"[^.]+\.")
 
@@ -64,12 +67,24 @@ def label(sentence: str) -> str:
     return " ".join(words[:2]) if words[0] == "The" else words[0]
 
 
+def played_planners_turn(trajectory: Trajectory, turn: int, env: TextGame, agent: AgentConfig) -> bool:
+    """Whether FrozenLake turn ``turn`` played the planner's actions for its board and budget (a turn
+    the episode ended midway matches on the actions it ran)."""
+    actions_left = agent.max_actions_per_episode - sum(len(a) for a in trajectory.turn_actions[:turn])
+    row, col = getattr(env, "position")  # noqa: B009 (FrozenLakeEnv.position)
+    cell = row * len(getattr(env, "desc")[0]) + col  # noqa: B009
+    best = list(lake_planner(env, agent).best(cell, agent.max_turns - turn, actions_left))
+    played = trajectory.turn_actions[turn]
+    last = turn == trajectory.num_turns - 1
+    return played == best or (last and bool(played) and played == best[: len(played)])
+
+
 def read_rate(
-    trajectories: list[Trajectory], style: str, max_turns: int, first_turns: int | None = None
+    trajectories: list[Trajectory], style: str, agent: AgentConfig, first_turns: int | None = None
 ) -> tuple[int, Counter[str], Counter[str]]:
     """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence
-    expected), over every turn of each trajectory or its first ``first_turns``; ``max_turns`` is the
-    run's ``agent.max_turns`` (turn i of an episode has ``max_turns - i`` turns left)."""
+    expected), over every turn of each trajectory or its first ``first_turns``; ``agent`` is the run's
+    (turn i of an episode has ``agent.max_turns - i`` turns left)."""
     right: Counter[str] = Counter()
     expected: Counter[str] = Counter()
     turns = 0
@@ -81,9 +96,12 @@ def read_rate(
                 continue
             turns += 1
             written = set(sentences(think))
-            for sentence in sentences(demo_reasoning(env, style, turns_left=max_turns - turn)):
+            for sentence in sentences(demo_reasoning(env, style, turns_left=agent.max_turns - turn)):
                 expected[label(sentence)] += 1
                 right[label(sentence)] += sentence in written
+            if trajectory.env_name == "frozen_lake":
+                expected["Planner's turn"] += 1
+                right["Planner's turn"] += played_planners_turn(trajectory, turn, env, agent)
     return turns, right, expected
 
 
@@ -111,9 +129,9 @@ def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[s
             run.config, Path(folder), seeds=args.seeds, seed_offset=args.seed_offset, temperature=args.temperature
         )
         name = str(folder)
-        max_turns = run.config.agent.max_turns
-        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, max_turns, first_turns=1)))
-        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style, max_turns)))
+        agent = run.config.agent
+        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, agent, first_turns=1)))
+        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style, agent)))
     return rows
 
 
@@ -127,9 +145,6 @@ def main() -> None:
         default="neighbours",
         choices=["relative", "neighbours", "neighbours-turns"],
         help="the run's warm_start.reasoning",
-    )
-    parser.add_argument(
-        "--max-turns", type=int, default=5, help="the run's agent.max_turns (STORE RUN_ID; --checkpoints read it)"
     )
     parser.add_argument("--checkpoints", nargs="+", help="checkpoint folders to play on the same held-out seeds")
     parser.add_argument("--seeds", type=int, default=1024, help="held-out seeds per checkpoint (--checkpoints)")
@@ -146,10 +161,12 @@ def main() -> None:
         return
     store = Store(args.store)
     print(f"{args.run_id}: the share of turns whose reasoning states the board right, per sentence")
+    config, _ = store.read_json(args.run_id, 0, "summary", "config")
+    agent = TrainConfig.model_validate(config).agent
     rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")
-        rows.append((str(iteration), *read_rate(trajectories, args.style, args.max_turns)))
+        rows.append((str(iteration), *read_rate(trajectories, args.style, agent)))
     print_rates(rows, "iteration")
 
 
