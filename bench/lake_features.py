@@ -4,7 +4,8 @@ For each feature set (what the policy knows of the board each turn) this builds 
 the slip-aware planner (``envs.frozen_lake.turn_planner``, the warm start's demonstrator) plays
 ``--train`` lakes, and for every feature value the lookup keeps the planner's most frequent turn.
 It then plays ``--test`` held-out lakes (from 2,000,000) with the lookup and prints its success
-beside the planner's. A model that imitates the planner through a reading of the board can do no
+beside the planner's, and the share of the lookup's turns that were the planner's own turn
+(comparable with ``bench/perception.py``'s ``Planner's turn`` for a model). A model that imitates the planner through a reading of the board can do no
 better than the lookup of that reading (up to sampling), so this says which readings are worth
 teaching in the warm start's reasoning (``warm_start.reasoning``).
 
@@ -54,13 +55,18 @@ def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
     return planner.best(row * len(env.desc[0]) + col, TURNS - turn, actions_left)
 
 
-def play(env: FrozenLakeEnv, seed: int, policy: Callable[[FrozenLakeEnv, int, int], Turn]) -> bool:
+def play(
+    env: FrozenLakeEnv, seed: int, policy: Callable[[FrozenLakeEnv, int, int], Turn], agreement: Counter[bool]
+) -> bool:
     """One episode under the agent's rules (``policy(env, turn, actions_left)`` names a turn's
-    actions, run without seeing the board in between); True if it reaches the goal."""
+    actions, run without seeing the board in between); True if it reaches the goal. ``agreement``
+    counts the turns whose actions were (True) or were not (False) the planner's."""
     env.reset(seed=seed)
     actions_left = ACTIONS
     for turn in range(TURNS):
-        for action in (policy(env, turn, actions_left) or ("Down",))[: min(PER_TURN, actions_left)]:
+        chosen = policy(env, turn, actions_left)
+        agreement[chosen == planner_turn(env, turn, actions_left)] += 1
+        for action in (chosen or ("Down",))[: min(PER_TURN, actions_left)]:
             _, reward, terminated, truncated, _ = env.step(action)
             actions_left -= 1
             if terminated or truncated:
@@ -85,20 +91,23 @@ def main() -> None:
         return chosen
 
     for seed in range(args.train):
-        play(env, 10_000_000 + seed, recording_planner)
+        play(env, 10_000_000 + seed, recording_planner, Counter())
 
-    print(f"| reading of the board | feature values | success on {args.test} held-out lakes |")
-    print("|---|---|---|")
+    print(f"| reading of the board | feature values | success on {args.test} held-out lakes | the planner's turn |")
+    print("|---|---|---|---|")
     for kind in kinds:
         lookup = {value: turns.most_common(1)[0][0] for value, turns in counts[kind].items()}
 
         def policy(env: FrozenLakeEnv, turn: int, left: int, kind: str = kind, lookup: dict = lookup) -> Turn:
             return lookup.get(features(env, kind, turn, left), ())
 
-        wins = sum(play(env, 2_000_000 + seed, policy) for seed in range(args.test))
-        print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} |")
-    wins = sum(play(env, 2_000_000 + seed, planner_turn) for seed in range(args.test))
-    print(f"| the whole board (the planner) | - | {wins / args.test:.3f} |")
+        agreement: Counter[bool] = Counter()
+        wins = sum(play(env, 2_000_000 + seed, policy, agreement) for seed in range(args.test))
+        share = agreement[True] / agreement.total()
+        print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} | {share:.3f} |")
+    agreement = Counter()
+    wins = sum(play(env, 2_000_000 + seed, planner_turn, agreement) for seed in range(args.test))
+    print(f"| the whole board (the planner) | - | {wins / args.test:.3f} | {agreement[True] / agreement.total():.3f} |")
 
 
 if __name__ == "__main__":
