@@ -5,9 +5,11 @@ the slip-aware planner (``envs.frozen_lake.turn_planner``, the warm start's demo
 ``--train`` lakes, and for every feature value the lookup keeps the planner's most frequent turn.
 It then plays ``--test`` held-out lakes (from 2,000,000) with the lookup and prints its success
 beside the planner's, and the share of the lookup's turns that were the planner's own turn
-(comparable with ``bench/perception.py``'s ``Planner's turn`` for a model). A model that imitates the planner through a reading of the board can do no
-better than the lookup of that reading (up to sampling), so this says which readings are worth
-teaching in the warm start's reasoning (``warm_start.reasoning``).
+(comparable with ``bench/perception.py``'s ``Planner's turn`` for a model). A model that imitates
+the planner through a reading of the board can do no better than the lookup of that reading (up to
+sampling), so this says which readings are worth teaching in the warm start's reasoning
+(``warm_start.reasoning``). ``--demo-actions-per-turn N`` makes the demonstrator a planner of at
+most N actions a turn (``warm_start.demo_actions_per_turn``) while the lookups may still play 3.
 
 Feature sets:
 
@@ -20,7 +22,7 @@ Feature sets:
 
 Usage::
 
-    python bench/lake_features.py [--train 20000] [--test 4000]
+    python bench/lake_features.py [--train 20000] [--test 4000] [--demo-actions-per-turn 3]
 
 The paper's lake: 4x4, p = 0.8, slippery (1/3 intended), 5 turns of up to 3 actions, 10 actions.
 """
@@ -49,23 +51,25 @@ def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tup
     return reading
 
 
-def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
-    planner = env.planner(turns=TURNS, actions=ACTIONS, max_actions_per_turn=PER_TURN)
+def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int = PER_TURN) -> Turn:
+    """The slip-aware planner's best turn of at most ``per_turn`` actions."""
+    planner = env.planner(turns=TURNS, actions=ACTIONS, max_actions_per_turn=per_turn)
     row, col = env.position
     return planner.best(row * len(env.desc[0]) + col, TURNS - turn, actions_left)
 
 
-def play(
-    env: FrozenLakeEnv, seed: int, policy: Callable[[FrozenLakeEnv, int, int], Turn], agreement: Counter[bool]
-) -> bool:
+Policy = Callable[[FrozenLakeEnv, int, int], Turn]
+
+
+def play(env: FrozenLakeEnv, seed: int, policy: Policy, demonstrator: Policy, agreement: Counter[bool]) -> bool:
     """One episode under the agent's rules (``policy(env, turn, actions_left)`` names a turn's
     actions, run without seeing the board in between); True if it reaches the goal. ``agreement``
-    counts the turns whose actions were (True) or were not (False) the planner's."""
+    counts the turns whose actions were (True) or were not the ``demonstrator``'s."""
     env.reset(seed=seed)
     actions_left = ACTIONS
     for turn in range(TURNS):
         chosen = policy(env, turn, actions_left)
-        agreement[chosen == planner_turn(env, turn, actions_left)] += 1
+        agreement[chosen == demonstrator(env, turn, actions_left)] += 1
         for action in (chosen or ("Down",))[: min(PER_TURN, actions_left)]:
             _, reward, terminated, truncated, _ = env.step(action)
             actions_left -= 1
@@ -78,20 +82,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=int, default=20000, help="lakes the planner plays to fill the lookups")
     parser.add_argument("--test", type=int, default=4000, help="held-out lakes each policy plays")
+    parser.add_argument(
+        "--demo-actions-per-turn",
+        type=int,
+        default=PER_TURN,
+        choices=range(1, PER_TURN + 1),
+        help="the demonstrating planner's actions per turn at most (the lookups may play up to 3)",
+    )
     args = parser.parse_args()
+
+    def demonstrator(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
+        return planner_turn(env, turn, actions_left, args.demo_actions_per_turn)
 
     kinds = ("goal", "goal+turn", "goal+neighbours", "goal+neighbours+turn", "goal+neighbours+budget")
     env = FrozenLakeEnv(max_actions_per_episode=ACTIONS)
     counts: dict[str, defaultdict[tuple[object, ...], Counter[Turn]]] = {k: defaultdict(Counter) for k in kinds}
 
     def recording_planner(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
-        chosen = planner_turn(env, turn, actions_left)
+        chosen = demonstrator(env, turn, actions_left)
         for kind in kinds:
             counts[kind][features(env, kind, turn, actions_left)][chosen] += 1
         return chosen
 
     for seed in range(args.train):
-        play(env, 10_000_000 + seed, recording_planner, Counter())
+        play(env, 10_000_000 + seed, recording_planner, demonstrator, Counter())
 
     print(f"| reading of the board | feature values | success on {args.test} held-out lakes | the planner's turn |")
     print("|---|---|---|---|")
@@ -102,11 +116,11 @@ def main() -> None:
             return lookup.get(features(env, kind, turn, left), ())
 
         agreement: Counter[bool] = Counter()
-        wins = sum(play(env, 2_000_000 + seed, policy, agreement) for seed in range(args.test))
+        wins = sum(play(env, 2_000_000 + seed, policy, demonstrator, agreement) for seed in range(args.test))
         share = agreement[True] / agreement.total()
         print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} | {share:.3f} |")
     agreement = Counter()
-    wins = sum(play(env, 2_000_000 + seed, planner_turn, agreement) for seed in range(args.test))
+    wins = sum(play(env, 2_000_000 + seed, demonstrator, demonstrator, agreement) for seed in range(args.test))
     print(f"| the whole board (the planner) | - | {wins / args.test:.3f} | {agreement[True] / agreement.total():.3f} |")
 
 

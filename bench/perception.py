@@ -8,7 +8,8 @@ sentence (``The goal is ...``, ``Left hole.``, ...), the share of turns where th
 is the right one. A policy that acts on a wrong reading of the board cannot imitate a planner that
 reads it right, whatever it learns about acting. On FrozenLake one more column, ``Planner's turn``,
 says how often the turn's actions were the slip-aware planner's (the warm start's demonstrator, for
-the board, the turns and the actions left): what the policy does with what it read.
+the board, the turns and the actions left, under ``warm_start.demo_actions_per_turn`` where the run
+set it): what the policy does with what it read.
 
 Usage::
 
@@ -35,7 +36,7 @@ from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.base import TextGame
-from ragen_tasks.training.warm_start import demo_reasoning, lake_planner
+from ragen_tasks.training.warm_start import demo_reasoning, demonstrator_agent, lake_planner
 
 _SENTENCE = re.compile(r"[^.]+\.")
 
@@ -83,8 +84,9 @@ def read_rate(
     trajectories: list[Trajectory], style: str, agent: AgentConfig, first_turns: int | None = None
 ) -> tuple[int, Counter[str], Counter[str]]:
     """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence
-    expected), over every turn of each trajectory or its first ``first_turns``; ``agent`` is the run's
-    (turn i of an episode has ``agent.max_turns - i`` turns left)."""
+    expected), over every turn of each trajectory or its first ``first_turns``; ``agent`` is the
+    demonstrator's (``demonstrator_agent``: the run's turns and actions, the demonstrations' actions per
+    turn; turn i of an episode has ``agent.max_turns - i`` turns left)."""
     right: Counter[str] = Counter()
     expected: Counter[str] = Counter()
     turns = 0
@@ -129,7 +131,7 @@ def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[s
             run.config, Path(folder), seeds=args.seeds, seed_offset=args.seed_offset, temperature=args.temperature
         )
         name = str(folder)
-        agent = run.config.agent
+        agent = demonstrator_agent(run.config)
         rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, agent, first_turns=1)))
         rows.append((f"{name}, all turns", *read_rate(trajectories, args.style, agent)))
     return rows
@@ -162,7 +164,7 @@ def main() -> None:
     store = Store(args.store)
     print(f"{args.run_id}: the share of turns whose reasoning states the board right, per sentence")
     config, _ = store.read_json(args.run_id, 0, "summary", "config")
-    agent = TrainConfig.model_validate(config).agent
+    agent = demonstrator_agent(TrainConfig.model_validate(config))
     rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")

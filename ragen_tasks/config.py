@@ -498,6 +498,13 @@ class WarmStartConfig(_Frozen):
         le=1,
         description="FrozenLake/Sokoban demonstrations: fraction of solver actions replaced by random ones",
     )
+    demo_actions_per_turn: int | None = Field(
+        None,
+        ge=1,
+        description="FrozenLake/Sokoban demonstrations: at most this many actions per turn (FrozenLake's "
+        "slip-aware planner plans under that limit; Sokoban's solver plan is cut to it), while the agent may "
+        "still answer up to agent.max_actions_per_turn. None = agent.max_actions_per_turn",
+    )
     reasoning: Literal["relative", "neighbours", "neighbours-turns", "fixed"] = Field(
         "relative",
         description="the demonstrations' <think> text: 'relative' states where the things that matter lie, in "
@@ -569,6 +576,13 @@ class TrainConfig(_Frozen):
             )
         if self.rollout.min_plan_length:
             self._curriculum_fits()
+        demo_limit = self.warm_start.demo_actions_per_turn
+        if demo_limit is not None and demo_limit > self.agent.max_actions_per_turn:
+            raise ValueError(
+                f"warm_start.demo_actions_per_turn={demo_limit} is more than agent.max_actions_per_turn="
+                f"{self.agent.max_actions_per_turn}: demonstrations would answer what the agent may not; "
+                f"lower it or leave it unset (None)"
+            )
         if self.guard.action in ("stop", "rollback") and self.checkpoint.keep_last < 2:
             raise ValueError(
                 f"guard.action={self.guard.action!r} needs checkpoint.keep_last >= 2 (the healthy "

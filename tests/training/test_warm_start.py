@@ -96,6 +96,44 @@ def test_neighbours_turns_demonstrations_restate_the_prompts_turns_left(chatml_t
         assert said_by_reasoning == said_by_prompt[: len(said_by_reasoning)]
 
 
+def test_demo_actions_per_turn_limits_the_demonstrator_not_the_agent(chatml_tokenizer) -> None:
+    """With ``warm_start.demo_actions_per_turn=2`` a lake demonstration's turns are the slip-aware
+    planner's best plans of at most 2 actions (its first turn checked against a planner built here),
+    and the prompt still offers the agent 1 to 3 actions."""
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.envs import make as make_env
+    from ragen_tasks.training.warm_start import demonstrations, lake_planner
+
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=3, max_actions_per_episode=10, max_tokens_per_turn=64)
+
+    def config(limit: int | None) -> TrainConfig:
+        warm = WarmStartConfig(episodes_per_env=32, demo_noise=0.0, demo_actions_per_turn=limit)
+        return TrainConfig(envs=[EnvSpec(name="frozen_lake")], agent=agent, warm_start=warm)
+
+    unlimited = demonstrations(chatml_tokenizer, config(None), seed=0)
+    limited = demonstrations(chatml_tokenizer, config(2), seed=0)
+    assert max(len(a) for demo in unlimited for a in demo.turn_actions) == 3  # the limit changes something
+    assert max(len(a) for demo in limited for a in demo.turn_actions) == 2
+    two_action_rules = agent.model_copy(update={"max_actions_per_turn": 2})
+    for demo in limited:
+        assert "Give 1 to 3 actions" in chatml_tokenizer.decode(demo.input_ids[: demo.prompt_length])
+        lake = make_env("frozen_lake")
+        lake.reset(seed=demo.seed)
+        row, col = lake.position
+        best = list(lake_planner(lake, two_action_rules).best(row * len(lake.desc[0]) + col, 5, lake.actions_left))
+        first = demo.turn_actions[0]
+        assert first == best or (demo.num_turns == 1 and first == best[: len(first)])  # ended midway
+
+
+def test_demo_actions_per_turn_above_the_agents_limit_is_refused() -> None:
+    from ragen_tasks.config import AgentConfig, TrainConfig, WarmStartConfig
+
+    with pytest.raises(
+        ValueError, match=r"warm_start.demo_actions_per_turn=4 is more than agent.max_actions_per_turn=3"
+    ):
+        TrainConfig(agent=AgentConfig(max_actions_per_turn=3), warm_start=WarmStartConfig(demo_actions_per_turn=4))
+
+
 def test_demonstrations_train_on_their_reasoning_when_rl_does_not(chatml_tokenizer) -> None:
     from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
     from ragen_tasks.training.warm_start import demonstrations
