@@ -10,6 +10,8 @@ the planner through a reading of the board can do no better than the lookup of t
 sampling), so this says which readings are worth teaching in the warm start's reasoning
 (``warm_start.reasoning``). ``--demo-actions-per-turn N`` makes the demonstrator a planner of at
 most N actions a turn (``warm_start.demo_actions_per_turn``) while the lookups may still play 3.
+The last column is the share of held-out turns whose reading no training lake showed (the lookup
+plays a fallback move there): readings with many values need more ``--train`` lakes.
 
 Feature sets:
 
@@ -18,7 +20,9 @@ Feature sets:
 * ``goal+neighbours``: and what lies one step away on each side: hole, frozen, goal or wall (off the board)
   (what ``neighbours`` reasoning states);
 * ``goal+neighbours+turn``;
-* ``goal+neighbours+budget``: and the turns and actions left, both (the planner's own budget).
+* ``goal+neighbours+budget``: and the turns and actions left, both (the planner's own budget);
+* ``goal+neighbours+diagonals`` (``+turn``): and the four cells one step away diagonally (a reasoning
+  no warm start writes yet: what describing more of the board would be worth).
 
 Usage::
 
@@ -44,11 +48,20 @@ def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tup
     reading: tuple[object, ...] = (goal_row - row, goal_col - col)
     if "neighbours" in kind:
         reading += env.neighbours
+    if "diagonals" in kind:
+        reading += tuple(cell(env, d_row, d_col) for d_row, d_col in ((-1, -1), (-1, 1), (1, -1), (1, 1)))
     if "turn" in kind:
         reading += (turn,)
     if "budget" in kind:
         reading += (turn, actions_left)
     return reading
+
+
+def cell(env: FrozenLakeEnv, d_row: int, d_col: int) -> str:
+    """The tile letter at that offset from the player, or ``W`` off the board."""
+    row, col = env.position
+    inside = 0 <= row + d_row < len(env.desc) and 0 <= col + d_col < len(env.desc[0])
+    return env.desc[row + d_row][col + d_col] if inside else "W"
 
 
 def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int = PER_TURN) -> Turn:
@@ -94,7 +107,15 @@ def main() -> None:
     def demonstrator(env: FrozenLakeEnv, turn: int, actions_left: int) -> Turn:
         return planner_turn(env, turn, actions_left, args.demo_actions_per_turn)
 
-    kinds = ("goal", "goal+turn", "goal+neighbours", "goal+neighbours+turn", "goal+neighbours+budget")
+    kinds = (
+        "goal",
+        "goal+turn",
+        "goal+neighbours",
+        "goal+neighbours+turn",
+        "goal+neighbours+budget",
+        "goal+neighbours+diagonals",
+        "goal+neighbours+diagonals+turn",
+    )
     env = FrozenLakeEnv(max_actions_per_episode=ACTIONS)
     counts: dict[str, defaultdict[tuple[object, ...], Counter[Turn]]] = {k: defaultdict(Counter) for k in kinds}
 
@@ -107,21 +128,33 @@ def main() -> None:
     for seed in range(args.train):
         play(env, 10_000_000 + seed, recording_planner, demonstrator, Counter())
 
-    print(f"| reading of the board | feature values | success on {args.test} held-out lakes | the planner's turn |")
-    print("|---|---|---|---|")
+    print(
+        f"| reading of the board | feature values | success on {args.test} held-out lakes | the planner's turn "
+        "| turns with a reading never seen in training |"
+    )
+    print("|---|---|---|---|---|")
     for kind in kinds:
         lookup = {value: turns.most_common(1)[0][0] for value, turns in counts[kind].items()}
 
-        def policy(env: FrozenLakeEnv, turn: int, left: int, kind: str = kind, lookup: dict = lookup) -> Turn:
-            return lookup.get(features(env, kind, turn, left), ())
+        unseen: Counter[bool] = Counter()  # True: a turn whose reading the lookup has no entry for
+
+        def policy(
+            env: FrozenLakeEnv, turn: int, left: int, kind: str = kind, lookup: dict = lookup, unseen: Counter = unseen
+        ) -> Turn:
+            reading = features(env, kind, turn, left)
+            unseen[reading not in lookup] += 1
+            return lookup.get(reading, ())  # () plays the fallback move
 
         agreement: Counter[bool] = Counter()
         wins = sum(play(env, 2_000_000 + seed, policy, demonstrator, agreement) for seed in range(args.test))
         share = agreement[True] / agreement.total()
-        print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} | {share:.3f} |")
+        missing = unseen[True] / unseen.total()
+        print(f"| {kind} | {len(lookup)} | {wins / args.test:.3f} | {share:.3f} | {missing:.3f} |")
     agreement = Counter()
     wins = sum(play(env, 2_000_000 + seed, demonstrator, demonstrator, agreement) for seed in range(args.test))
-    print(f"| the whole board (the planner) | - | {wins / args.test:.3f} | {agreement[True] / agreement.total():.3f} |")
+    print(
+        f"| the whole board (the planner) | - | {wins / args.test:.3f} | {agreement[True] / agreement.total():.3f} | - |"
+    )
 
 
 if __name__ == "__main__":
