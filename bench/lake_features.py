@@ -64,7 +64,7 @@ def cell(env: FrozenLakeEnv, d_row: int, d_col: int) -> str:
     return env.desc[row + d_row][col + d_col] if inside else "W"
 
 
-def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int = PER_TURN) -> Turn:
+def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int) -> Turn:
     """The slip-aware planner's best turn of at most ``per_turn`` actions."""
     planner = env.planner(turns=TURNS, actions=ACTIONS, max_actions_per_turn=per_turn)
     row, col = env.position
