@@ -21,8 +21,8 @@ Feature sets:
   (what ``neighbours`` reasoning states);
 * ``goal+neighbours+turn``;
 * ``goal+neighbours+budget``: and the turns and actions left, both (the planner's own budget);
-* ``goal+neighbours+diagonals`` (``+turn``): and the four cells one step away diagonally (a reasoning
-  no warm start writes yet: what describing more of the board would be worth).
+* ``goal+neighbours+diagonals`` (``+turn``): and the four cells one step away diagonally (what
+  ``neighbours-diagonals`` (``-turns``) reasoning states).
 
 Usage::
 
@@ -49,19 +49,12 @@ def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tup
     if "neighbours" in kind:
         reading += env.neighbours
     if "diagonals" in kind:
-        reading += tuple(cell(env, d_row, d_col) for d_row, d_col in ((-1, -1), (-1, 1), (1, -1), (1, 1)))
+        reading += env.diagonals
     if "turn" in kind:
         reading += (turn,)
     if "budget" in kind:
         reading += (turn, actions_left)
     return reading
-
-
-def cell(env: FrozenLakeEnv, d_row: int, d_col: int) -> str:
-    """The tile letter at that offset from the player, or ``W`` off the board."""
-    row, col = env.position
-    inside = 0 <= row + d_row < len(env.desc) and 0 <= col + d_col < len(env.desc[0])
-    return env.desc[row + d_row][col + d_col] if inside else "W"
 
 
 def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int) -> Turn:

@@ -1,7 +1,8 @@
 """Does the policy read the board? Its reasoning, sentence by sentence, against the board it saw.
 
 A warm start teaches reasoning that restates what the board says (``warm_start.reasoning``:
-``relative``, ``neighbours`` or ``neighbours-turns``; ``training.warm_start.demo_reasoning``). This reads a run's rollouts
+``relative``, ``neighbours``, ``neighbours-diagonals`` and their ``-turns`` forms;
+``training.warm_start.demo_reasoning``). This reads a run's rollouts
 from its store and, for every turn, rebuilds the game from the turn's board, writes the reasoning
 the demonstrator would have written for it, and compares it with what the policy wrote: per
 sentence (``The goal is ...``, ``Left hole.``, ...), the share of turns where the policy's sentence
@@ -13,7 +14,7 @@ set it): what the policy does with what it read.
 
 Usage::
 
-    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours]
+    python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours-diagonals]
     python bench/perception.py --checkpoints CKPT [CKPT ...] [--seeds 1024] [--temperature 0] [--style ...]
 
 The first form reads a run's training rollouts from its store (a folder, ``file://`` or ``s3://``),
@@ -27,11 +28,13 @@ same boards for every checkpoint; later turns read the boards each policy led to
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
+import typing
 from collections import Counter
 from pathlib import Path
 
-from ragen_tasks.config import AgentConfig, TrainConfig
+from ragen_tasks.config import AgentConfig, TrainConfig, WarmStartConfig
 from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
@@ -39,6 +42,9 @@ from ragen_tasks.envs.base import TextGame
 from ragen_tasks.training.warm_start import demo_reasoning, demonstrator_agent, lake_planner
 
 _SENTENCE = re.compile(r"[^.]+\.")
+_DIRECTIONS = {"Up", "Down", "Left", "Right"}
+#: The reasoning styles that read the board (``WarmStartConfig.reasoning`` less ``fixed``).
+STYLES = [style for style in typing.get_args(WarmStartConfig.model_fields["reasoning"].annotation) if style != "fixed"]
 
 
 def game_at(env_name: str, board: str) -> TextGame | None:
@@ -63,8 +69,11 @@ def sentences(text: str) -> list[str]:
 
 
 def label(sentence: str) -> str:
-    """What a sentence is about: ``The goal``, ``Left``, ``The box`` ..."""
+    """What a sentence is about: ``The goal``, ``Left``, ``Up Left``, ``The box``, ``Turns`` ..."""
     words = sentence.split()
+    direction = list(itertools.takewhile(lambda word: word in _DIRECTIONS, words))
+    if direction:
+        return " ".join(direction)
     return " ".join(words[:2]) if words[0] == "The" else words[0]
 
 
@@ -132,8 +141,9 @@ def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[s
         )
         name = str(folder)
         agent = demonstrator_agent(run.config)
-        rows.append((f"{name}, first turn", *read_rate(trajectories, args.style, agent, first_turns=1)))
-        rows.append((f"{name}, all turns", *read_rate(trajectories, args.style, agent)))
+        style = args.style or run.config.warm_start.reasoning
+        rows.append((f"{name}, first turn", *read_rate(trajectories, style, agent, first_turns=1)))
+        rows.append((f"{name}, all turns", *read_rate(trajectories, style, agent)))
     return rows
 
 
@@ -144,9 +154,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, nargs="+", default=[0], help="iterations whose rollouts to read")
     parser.add_argument(
         "--style",
-        default="neighbours",
-        choices=["relative", "neighbours", "neighbours-turns"],
-        help="the run's warm_start.reasoning",
+        choices=STYLES,
+        help="the reasoning to compare with (default: the run's own warm_start.reasoning)",
     )
     parser.add_argument("--checkpoints", nargs="+", help="checkpoint folders to play on the same held-out seeds")
     parser.add_argument("--seeds", type=int, default=1024, help="held-out seeds per checkpoint (--checkpoints)")
@@ -164,11 +173,13 @@ def main() -> None:
     store = Store(args.store)
     print(f"{args.run_id}: the share of turns whose reasoning states the board right, per sentence")
     config, _ = store.read_json(args.run_id, 0, "summary", "config")
-    agent = demonstrator_agent(TrainConfig.model_validate(config))
+    run_config = TrainConfig.model_validate(config)
+    agent = demonstrator_agent(run_config)
+    style = args.style or run_config.warm_start.reasoning
     rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")
-        rows.append((str(iteration), *read_rate(trajectories, args.style, agent)))
+        rows.append((str(iteration), *read_rate(trajectories, style, agent)))
     print_rates(rows, "iteration")
 
 

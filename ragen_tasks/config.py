@@ -505,13 +505,16 @@ class WarmStartConfig(_Frozen):
         "slip-aware planner plans under that limit; Sokoban's solver plan is cut to it), while the agent may "
         "still answer up to agent.max_actions_per_turn. None = agent.max_actions_per_turn",
     )
-    reasoning: Literal["relative", "neighbours", "neighbours-turns", "fixed"] = Field(
+    reasoning: Literal[
+        "relative", "neighbours", "neighbours-turns", "neighbours-diagonals", "neighbours-diagonals-turns", "fixed"
+    ] = Field(
         "relative",
         description="the demonstrations' <think> text: 'relative' states where the things that matter lie, in "
         "action names (Sokoban: the box from the player, the target from the box; FrozenLake: the goal), read "
         "from the board; 'neighbours' adds what lies one step from the player on each side (FrozenLake: hole, "
-        "frozen, goal, wall; Sokoban: wall, box, target, floor); 'neighbours-turns' then restates the prompt's "
-        "turns left ('Turns left: 3.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
+        "frozen, goal, wall; Sokoban: wall, box, target, floor); 'neighbours-diagonals' then adds the four cells "
+        "one step away diagonally ('Up Left hole.'); a '-turns' suffix then restates the prompt's turns left "
+        "('Turns left: 3.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
     seed: int | None = Field(
         None,

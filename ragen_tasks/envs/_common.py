@@ -28,6 +28,16 @@ class GameConfig(BaseModel):
     )
 
 
+#: The four diagonal steps, named by the two moves that make each: (name, (row, col) step). Both
+#: grid games' action names include Up, Down, Left and Right, so the names read the same in either.
+DIAGONALS: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("Up Left", (-1, -1)),
+    ("Up Right", (-1, 1)),
+    ("Down Left", (1, -1)),
+    ("Down Right", (1, 1)),
+)
+
+
 def load_config(model: type[ConfigT], game: str, config: Mapping[str, Any]) -> ConfigT:
     """Validate ``config`` against ``model``; raise ``ValueError`` naming ``game.field=value`` and the fix."""
     try:

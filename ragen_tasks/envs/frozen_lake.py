@@ -20,7 +20,15 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from ragen_tasks.envs._common import GameConfig, action_space, direction_words, load_config, step_info, text_space
+from ragen_tasks.envs._common import (
+    DIAGONALS,
+    GameConfig,
+    action_space,
+    direction_words,
+    load_config,
+    step_info,
+    text_space,
+)
 from ragen_tasks.envs.base import TextGame, canonical_action
 
 #: Action names in Gymnasium's order (0 Left, 1 Down, 2 Right, 3 Up).
@@ -378,13 +386,23 @@ class FrozenLakeEnv(TextGame):
         """What lies one step from the player in each direction, in ACTIONS' order: ``hole``,
         ``frozen`` (the start included), ``goal``, or ``wall`` off the board (a move into it leaves
         the player where it is)."""
+        return self._tiles_at(ACTION_DELTAS)
+
+    @property
+    def diagonals(self) -> tuple[str, ...]:
+        """What lies one step diagonally from the player, in ``DIAGONALS``' order (Up Left, Up Right,
+        Down Left, Down Right), in the words of ``neighbours``."""
+        return self._tiles_at(tuple(delta for _, delta in DIAGONALS))
+
+    def _tiles_at(self, deltas: tuple[tuple[int, int], ...]) -> tuple[str, ...]:
+        """The tile word at each (row, col) offset from the player, ``wall`` off the board."""
         row, col = self.position
         rows, cols = len(self.desc), len(self.desc[0])
         return tuple(
             _TILE_WORD[self.desc[row + d_row][col + d_col]]
             if 0 <= row + d_row < rows and 0 <= col + d_col < cols
             else "wall"
-            for d_row, d_col in ACTION_DELTAS
+            for d_row, d_col in deltas
         )
 
     @property

@@ -38,7 +38,7 @@ from ragen_tasks.config import AgentConfig, LrSchedule, TrainConfig, scheduled_l
 from ragen_tasks.data.token_batch import collate, length_bucketed_batches
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
-from ragen_tasks.envs._common import direction_words
+from ragen_tasks.envs._common import DIAGONALS, direction_words
 from ragen_tasks.envs.base import TextGame
 from ragen_tasks.envs.frozen_lake import ACTIONS, TurnPlanner, position_hint
 from ragen_tasks.envs.sokoban import ACTION_DELTAS as SOKOBAN_DELTAS
@@ -71,45 +71,58 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     FrozenLake says where the goal lies (a small model learns to act on these directions far sooner
     than on the grid alone). ``"neighbours"``: the relative text, then what lies one step from the
     player on each side (the features a slip-aware lake policy turns on: where the holes and the
-    edges are). ``"neighbours-turns"``: the neighbours text, then ``Turns left: N.`` restated from the
-    prompt (``turns_left``, required: on slippery ice the best turn depends on how many are left).
+    edges are). ``"neighbours-diagonals"``: the neighbours text, then what lies one step away
+    diagonally (``Up Left hole. Up Right frozen. Down Left wall. Down Right frozen.``: where a slip
+    after a first move can land). A ``-turns`` suffix (``"neighbours-turns"``,
+    ``"neighbours-diagonals-turns"``) then restates ``Turns left: N.`` from the prompt
+    (``turns_left``, required: on slippery ice the best turn depends on how many are left).
     A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
     ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
     """
-    if style == "neighbours-turns" and env.name != "bandit":
+    if style.endswith("-turns") and env.name != "bandit":
         if turns_left is None:
-            raise ValueError("demo_reasoning(style='neighbours-turns') needs turns_left: the turns left in the episode")
-        return f"{demo_reasoning(env, 'neighbours')} Turns left: {turns_left}."
+            raise ValueError(f"demo_reasoning(style={style!r}) needs turns_left: the turns left in the episode")
+        return f"{demo_reasoning(env, style.removesuffix('-turns'))} Turns left: {turns_left}."
+    if style not in ("relative", "neighbours", "neighbours-diagonals"):
+        return _REASON.get(env.name, "I act.")
+    parts: list[str] = []
     if env.name == "frozen_lake":
         lake: Any = env
         if lake.config.position_hint != "none":
             return position_hint(lake.position, lake.goal, lake.config.position_hint)
-        if style in ("relative", "neighbours"):
-            goal = position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me.")
-            return f"{goal} {_lake_neighbours(lake)}" if style == "neighbours" else goal
-    if env.name == "sokoban" and style in ("relative", "neighbours"):
+        parts.append(position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me."))
+        if style != "relative":
+            parts.append(_named_tiles(ACTIONS, lake.neighbours))
+        if style == "neighbours-diagonals":
+            parts.append(_named_tiles([name for name, _ in DIAGONALS], lake.diagonals))
+    elif env.name == "sokoban":
         room = getattr(env, "room")  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
-        relative = _sokoban_relative(room)
-        return f"{relative} {_sokoban_neighbours(room)}" if style == "neighbours" else relative
-    return _REASON.get(env.name, "I act.")
+        parts.append(_sokoban_relative(room))
+        if style != "relative":
+            parts.append(_sokoban_cells(room, tuple(zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True))))
+        if style == "neighbours-diagonals":
+            parts.append(_sokoban_cells(room, DIAGONALS))
+    else:
+        return _REASON.get(env.name, "I act.")
+    return " ".join(parts)
 
 
-def _lake_neighbours(lake: Any) -> str:
-    """``Left hole. Down frozen. Right wall. Up goal.``: ``FrozenLakeEnv.neighbours`` in the actions' order."""
-    return " ".join(f"{name} {tile}." for name, tile in zip(ACTIONS, lake.neighbours, strict=True))
+def _named_tiles(names: Sequence[str], tiles: Sequence[str]) -> str:
+    """``Left hole. Down frozen. Right wall. Up goal.``: each direction's name, then what lies there."""
+    return " ".join(f"{name} {tile}." for name, tile in zip(names, tiles, strict=True))
 
 
-def _sokoban_neighbours(room: Room) -> str:
-    """What lies one step from the player in each direction, in the actions' order: ``Up wall. Down box. ...``
-    (a box on a target is a box; the room's outer wall keeps every step inside it)."""
+def _sokoban_cells(room: Room, directions: Sequence[tuple[str, tuple[int, int]]]) -> str:
+    """What lies one step from the player in each of ``directions`` ((name, (row, col) step) pairs):
+    ``Up wall. Down box. ...`` (a box on a target is a box; the room's outer wall keeps every step,
+    diagonal ones too, inside it)."""
     row, col = divmod(room.player, room.width)
     kinds = ((room.walls, "wall"), (room.boxes, "box"), (room.targets, "target"))  # first match names the cell
-    parts = []
-    for name, (d_row, d_col) in zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True):
+    words = []
+    for d_row, d_col in (delta for _, delta in directions):
         cell = (row + d_row) * room.width + col + d_col
-        word = next((word for cells, word in kinds if cell in cells), "floor")
-        parts.append(f"{name} {word}.")
-    return " ".join(parts)
+        words.append(next((word for cells, word in kinds if cell in cells), "floor"))
+    return _named_tiles([name for name, _ in directions], words)
 
 
 def _sokoban_relative(room: Room) -> str:

@@ -74,6 +74,32 @@ def test_neighbours_turns_reasoning_adds_the_turns_left() -> None:
     assert demo_reasoning(bandit, "neighbours-turns") == demo_reasoning(bandit, "fixed")  # no turns on a bandit
 
 
+def test_neighbours_diagonals_reasoning_names_the_four_diagonal_cells() -> None:
+    lake = make("frozen_lake", desc=["HFG", "SFH", "FHF"], is_slippery=False)
+    lake.reset(seed=0)  # S at the middle left
+    assert demo_reasoning(lake, "neighbours-diagonals") == (
+        "The goal is Up 1 and Right 2 from me. Left wall. Down frozen. Right frozen. Up hole. "
+        "Up Left wall. Up Right frozen. Down Left wall. Down Right hole."
+    )
+    lake.step("Right")
+    assert demo_reasoning(lake, "neighbours-diagonals-turns", turns_left=4).endswith(
+        "Left frozen. Down hole. Right hole. Up frozen. Up Left hole. Up Right goal. Down Left frozen. "
+        "Down Right frozen. Turns left: 4."
+    )
+    with pytest.raises(ValueError, match="turns_left"):
+        demo_reasoning(lake, "neighbours-diagonals-turns")
+    room = "\n".join(["######", "#____#", "#_X__#", "#__P_#", "#___O#", "######"])
+    sokoban = make("sokoban", room=room)
+    sokoban.reset(seed=0)
+    assert demo_reasoning(sokoban, "neighbours-diagonals").endswith(
+        "Up floor. Down floor. Left floor. Right floor. Up Left box. Up Right floor. Down Left floor. Down Right target."
+    )
+    sokoban.step("Down")
+    assert demo_reasoning(sokoban, "neighbours-diagonals").endswith(
+        "Up Left floor. Up Right floor. Down Left wall. Down Right wall."
+    )
+
+
 def test_neighbours_turns_demonstrations_restate_the_prompts_turns_left(chatml_tokenizer) -> None:
     """Each turn's reasoning says the turns left that the prompt before it says, counting down."""
     import re
