@@ -1,4 +1,5 @@
-"""Advantage estimators for StarPO: GAE (critic), GRPO (group z-score), batch-normalised returns.
+"""Advantage estimators for StarPO: GAE (critic), GRPO (group z-score), batch-normalised returns,
+per-turn TD(lambda) against a known state value.
 
 All functions are pure and vectorised over the batch. Token-level outputs are (B, T) and are
 exactly 0 where the mask is 0 (prompt, observation and padding tokens), whatever those positions
@@ -244,3 +245,43 @@ def batch_norm_advantages(scores: Tensor, response_mask: Tensor, *, eps: float =
         adv = (x - x.mean()) / (x.std() + eps)
     full = adv.unsqueeze(1).expand(m.shape)
     return torch.where(m, full, torch.zeros_like(full))
+
+
+def turn_td_advantages(turn_rewards: Tensor, turn_values: Tensor, turn_valid: Tensor, *, lam: float) -> Tensor:
+    """Per-turn TD(lambda) advantages against a known state value, whitened over the batch's turns.
+
+    A turn's TD error is ``delta_k = r_k + V_{k+1} - V_k`` (gamma = 1): what the turn's reward and the
+    value of the state it led to add to the value of the state it was played in. The advantage of turn
+    k is ``A_k = sum_{j >= k} lam^(j - k) delta_j`` over the row's turns: ``lam = 0`` credits a turn
+    with its own TD error only; ``lam = 1`` gives the return from the turn less ``V_k`` (the Monte-Carlo
+    return with V as its baseline). With a value that is 0 once the episode is over the errors of a
+    row sum to ``R - V_0``: V is a potential (Ng et al., 1999), so shaping by it leaves the best
+    policy unchanged. The advantages are then whitened over every valid turn of the batch (mean and
+    unbiased std); fewer than two valid turns give 0.
+
+    Args:
+        turn_rewards: (B, K) float, each turn's reward (env rewards + the turn's format penalty).
+        turn_values: (B, K + 1) float; ``[b, k]`` is V of the state turn k was played in, and
+            ``[b, n_b]`` (n_b = the row's valid turns) the value after its last turn, 0 where the
+            episode is over. Entries after ``n_b`` are ignored.
+        turn_valid: (B, K) 0/1; 1 = a real turn, a prefix of each row (0 = padding).
+        lam: the TD(lambda) weight in [0, 1].
+
+    Returns:
+        (B, K) float advantages, 0 on padding turns.
+    """
+    valid = check_mask(turn_valid, "turn_valid", tuple(turn_rewards.shape))
+    b, k = turn_rewards.shape
+    if tuple(turn_values.shape) != (b, k + 1):
+        raise ValueError(
+            f"turn_values has shape {tuple(turn_values.shape)}, expected ({b}, {k + 1}): one more than turns"
+        )
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam={lam} must be in [0, 1]")
+    if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
+        raise ValueError("turn_valid must be a prefix of each row: a real turn after a padding turn")
+    delta = torch.where(valid, turn_rewards + turn_values[:, 1:] - turn_values[:, :-1], 0.0)  # (B, K)
+    advantages = _discounted_reverse_cumsum(delta, lam)  # (B, K): 0 past each row's last turn
+    if int(valid.sum()) < 2:
+        return torch.zeros_like(advantages)
+    return masked_whiten(advantages, valid)

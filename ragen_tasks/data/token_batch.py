@@ -22,6 +22,8 @@ rewards             (B,)      float32 trajectory reward (sum of turn rewards inc
 group_ids           (B,)      int64   trajectories with the same id share the initial state
 lengths             (B,)      int64   number of real tokens (sum of attention_mask)
 policy_versions     (B,)      int64   policy version that sampled each trajectory
+turn_advantages     (B, T)    float32 on each sampled token, the advantage of the turn it was sampled in
+                                      (``with_turn_advantages``; ``algo.advantage=turn_td``); None until given
 =================== ========= ======= ============================================================
 """
 
@@ -52,6 +54,9 @@ class TokenBatch:
     group_ids: torch.Tensor  # (B,) int64
     lengths: torch.Tensor  # (B,) int64
     policy_versions: torch.Tensor  # (B,) int64
+    turn_advantages: torch.Tensor | None = (
+        None  # (B, T) float32, the sampled token's turn's advantage; None until given
+    )
 
     @property
     def batch_size(self) -> int:
@@ -71,13 +76,17 @@ class TokenBatch:
         t = int(self.lengths[index].max().item()) if index.numel() else 0
         out = {}
         for f in fields(self):
-            value: torch.Tensor = getattr(self, f.name)
-            value = value[index]
-            out[f.name] = value[:, :t] if value.dim() == 2 else value
+            value: torch.Tensor | None = getattr(self, f.name)
+            if value is not None:  # an optional field not given stays None
+                value = value[index]
+                out[f.name] = value[:, :t] if value.dim() == 2 else value
         return TokenBatch(**out)
 
     def to(self, device: torch.device | str) -> TokenBatch:
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(
+            self,
+            **{f.name: getattr(self, f.name).to(device) for f in fields(self) if getattr(self, f.name) is not None},
+        )
 
 
 def collate(trajectories: list[Trajectory], *, pad_id: int = 0) -> TokenBatch:
@@ -200,6 +209,28 @@ def _padded_batch(
         lengths=torch.tensor(lengths, dtype=torch.int64),
         policy_versions=torch.tensor(policy_versions, dtype=torch.int64),
     )
+
+
+def with_turn_advantages(batch: TokenBatch, turn_advantages: torch.Tensor, turn_spans: torch.Tensor) -> TokenBatch:
+    """``batch`` with each turn's advantage on the tokens the policy sampled in that turn (0 on every
+    other token).
+
+    Args:
+        turn_advantages: (B, K) float, the advantage of each row's turn k (padding turns: any value,
+            they have no span).
+        turn_spans: (B, K, 2) int64, ``[start, end)`` of turn k's sampled tokens in the row
+            (``Trajectory.turn_starts`` / ``turn_ends``); a padding turn is ``[0, 0)``.
+    """
+    b, k = turn_advantages.shape
+    if tuple(turn_spans.shape) != (b, k, 2) or b != batch.batch_size:
+        raise ValueError(
+            f"turn_advantages {tuple(turn_advantages.shape)} and turn_spans {tuple(turn_spans.shape)} must be "
+            f"(B, K) and (B, K, 2) with B = {batch.batch_size}, the batch's rows"
+        )
+    positions = torch.arange(batch.seq_len)  # (T,)
+    inside = (positions >= turn_spans[..., :1]) & (positions < turn_spans[..., 1:])  # (B, K, T) token in turn k
+    per_token = torch.where(inside, turn_advantages.to(torch.float32).unsqueeze(-1), 0.0).sum(dim=1)  # (B, T)
+    return replace(batch, turn_advantages=per_token * batch.response_mask)
 
 
 def length_bucketed_batches(

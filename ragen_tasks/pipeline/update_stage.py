@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from ragen_tasks.data.token_batch import TokenBatch, collate, collate_table
+from ragen_tasks.data.trajectory import from_table
 from ragen_tasks.pipeline.lineage import marker_fingerprint, policy_step
 from ragen_tasks.pipeline.run import PRODUCER, Run
 from ragen_tasks.pipeline.stages import json_floats
@@ -40,6 +41,7 @@ from ragen_tasks.training.distributed import (
     launch_update_ranks,
     resolve_world_size,
 )
+from ragen_tasks.training.turn_values import turn_td_batch
 from ragen_tasks.training.update import DivergedUpdateError, NonFiniteUpdateError, diverged_weights, ppo_update
 from ragen_tasks.validation.batch import BatchValidationError, read_or_quarantine
 
@@ -135,9 +137,12 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
     ref = make_reference(trainer.actor_module) if config.algo.kl_mode != "none" else None
     device = next(trainer.actor_module.parameters()).device
     demos = _demonstrations(run, iteration, trainer, batch.num_rows, pad_id)
+    tokens = collate_table(batch, pad_id=pad_id)
+    if config.algo.advantage == "turn_td":
+        tokens = turn_td_batch(tokens, from_table(batch), config)
     try:
         metrics = ppo_update(
-            collate_table(batch, pad_id=pad_id).to(device),
+            tokens.to(device),
             actor=trainer.train_models["actor"],
             algo=config.algo,
             optim=config.optim,
