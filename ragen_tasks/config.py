@@ -237,12 +237,13 @@ class RolloutConfig(_Frozen):
 class AlgoConfig(_Frozen):
     """StarPO / StarPO-S knobs (see ragen_tasks.algos for the math)."""
 
-    advantage: Literal["gae", "grpo", "batch_norm", "turn_td"] = Field(
+    advantage: Literal["gae", "grpo", "batch_norm", "turn_td", "turn_q"] = Field(
         "gae",
         description="advantage estimator: 'gae' (a critic), 'grpo' (the group's z-score), 'batch_norm' (the batch's "
         "z-score), 'turn_td' (each turn's TD(lam) error against the game's exact optimal value of its state, "
         "whitened over the batch's turns; FrozenLake only: potential-based shaping by the slip-aware planner's "
-        "success probability, which leaves the best policy unchanged)",
+        "success probability, which leaves the best policy unchanged), 'turn_q' (each turn's exact advantage "
+        "Q*(s, a) - V*(s) under that value, the slips averaged out; FrozenLake only)",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount over policy tokens")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (and turn_td's, over turns)")
@@ -266,7 +267,7 @@ class AlgoConfig(_Frozen):
     filter_mode: FilterMode = Field("highest_std", description="which groups the uncertainty filter keeps")
     drop_zero_advantage: bool = Field(
         False,
-        description="StarPO-S speed-up (model-free estimators: grpo, batch_norm, turn_td): drop trajectories whose advantage is 0 on every "
+        description="StarPO-S speed-up (model-free estimators: grpo, batch_norm, turn_td, turn_q): drop trajectories whose advantage is 0 on every "
         "token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
         "False keeps every row, as verl / RAGEN do",
     )
@@ -578,12 +579,12 @@ class TrainConfig(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.agent.loss_on_observations and self.algo.advantage in ("gae", "turn_td"):
+        if self.agent.loss_on_observations and self.algo.advantage in ("gae", "turn_td", "turn_q"):
             raise ValueError(
                 f"agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
                 f"({self.algo.advantage!r} gives observation tokens no advantage); set one of them differently"
             )
-        if self.algo.advantage == "turn_td":
+        if self.algo.advantage in ("turn_td", "turn_q"):
             self._games_have_values()
         if self.rollout.min_plan_length:
             self._curriculum_fits()
@@ -602,19 +603,19 @@ class TrainConfig(_Frozen):
         return self
 
     def _games_have_values(self) -> None:
-        """algo.advantage=turn_td replays each episode in its game's one config and values its states."""
+        """algo.advantage=turn_td / turn_q replay each episode in its game's one config and value its states."""
         from ragen_tasks.training.turn_values import GAMES_WITH_VALUES
 
         names = [spec.name for spec in self.envs]
         for name in names:
             if name not in GAMES_WITH_VALUES:
                 raise ValueError(
-                    f"algo.advantage='turn_td' needs each game's optimal state values, and envs holds {name!r}, "
+                    f"algo.advantage={self.algo.advantage!r} needs each game's optimal state values, and envs holds {name!r}, "
                     f"which has none (games with values: {', '.join(GAMES_WITH_VALUES)}); use 'grpo' or 'gae'"
                 )
             if names.count(name) > 1:
                 raise ValueError(
-                    f"algo.advantage='turn_td' replays each episode in its game's config, and envs lists {name!r} "
+                    f"algo.advantage={self.algo.advantage!r} replays each episode in its game's config, and envs lists {name!r} "
                     f"{names.count(name)} times; keep one entry per game"
                 )
 

@@ -23,7 +23,7 @@ group_ids           (B,)      int64   trajectories with the same id share the in
 lengths             (B,)      int64   number of real tokens (sum of attention_mask)
 policy_versions     (B,)      int64   policy version that sampled each trajectory
 turn_advantages     (B, T)    float32 on each sampled token, the advantage of the turn it was sampled in
-                                      (``with_turn_advantages``; ``algo.advantage=turn_td``); None until given
+                                      (``with_turn_advantages``; ``algo.advantage`` turn_td / turn_q); None until given
 =================== ========= ======= ============================================================
 """
 

@@ -410,6 +410,23 @@ class FrozenLakeEnv(TextGame):
         """Valid actions this episode may still take before it truncates."""
         return self.config.max_actions_per_episode - self._actions
 
+    def turn_outcome(self, actions: Sequence[str]) -> np.ndarray:
+        """Where a turn of ``actions``, run blind from the current cell, ends: (cells,) probabilities
+        under the game's slip law (a hole or the goal ends it early; no actions: where it stands)."""
+        flat = "".join(self.desc)
+        where = np.zeros(len(flat))  # (cells,) probability of standing on each cell
+        where[self._state] = 1.0
+        for action in actions:
+            moved = np.zeros_like(where)
+            for cell in np.flatnonzero(where):
+                if flat[cell] in "GH":  # the episode is over: no further move
+                    moved[cell] += where[cell]
+                    continue
+                for p, nxt in self._table[cell][ACTIONS.index(action)]:
+                    moved[nxt] += where[cell] * p
+            where = moved
+        return where
+
     def planner(self, *, turns: int, actions: int, max_actions_per_turn: int) -> TurnPlanner:
         """The slip-aware ``TurnPlanner`` of the current map for an agent with ``turns`` turns,
         ``actions`` actions (at most this lake's own limit) and up to ``max_actions_per_turn`` blind

@@ -41,7 +41,7 @@ from ragen_tasks.training.distributed import (
     launch_update_ranks,
     resolve_world_size,
 )
-from ragen_tasks.training.turn_values import turn_td_batch
+from ragen_tasks.training.turn_values import turn_advantages_batch
 from ragen_tasks.training.update import DivergedUpdateError, NonFiniteUpdateError, diverged_weights, ppo_update
 from ragen_tasks.validation.batch import BatchValidationError, read_or_quarantine
 
@@ -138,8 +138,8 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
     device = next(trainer.actor_module.parameters()).device
     demos = _demonstrations(run, iteration, trainer, batch.num_rows, pad_id)
     tokens = collate_table(batch, pad_id=pad_id)
-    if config.algo.advantage == "turn_td":
-        tokens = turn_td_batch(tokens, from_table(batch), config)
+    if config.algo.advantage in ("turn_td", "turn_q"):
+        tokens = turn_advantages_batch(tokens, from_table(batch), config)
     try:
         metrics = ppo_update(
             tokens.to(device),

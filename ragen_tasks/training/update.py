@@ -3,7 +3,7 @@
 In paper order (CleanRL style), as ``ppo_update`` reads:
 
 1. advantages that need no model (GRPO, batch-normalised, per-turn TD against the game's optimal
-   values, which the caller put in the batch: ``turn_values.turn_td_batch``) first; with ``algo.drop_zero_advantage``
+   values, which the caller put in the batch: ``turn_values.turn_advantages_batch``) first; with ``algo.drop_zero_advantage``
    (StarPO-S), trajectories whose advantage is 0 everywhere (zero-variance groups carry no signal)
    are dropped BEFORE any forward pass, which also drops their tokens from the loss denominator;
 2. no-grad forward passes (``old_pass``, in its own module): old log-probs of the actor, reference
@@ -117,12 +117,12 @@ def _gae(batch: TokenBatch, algo: AlgoConfig, old: OldPass | None) -> Advantages
     return Advantages(advantages, returns, metrics)
 
 
-def _turn_td(batch: TokenBatch, algo: AlgoConfig, old: OldPass | None) -> Advantages:
-    # batch.turn_advantages: each sampled token's turn's advantage, given by turn_values.turn_td_batch
+def _turn_advantages(batch: TokenBatch, algo: AlgoConfig, old: OldPass | None) -> Advantages:
+    # batch.turn_advantages: each sampled token's turn's advantage, given by turn_advantages_batch
     if batch.turn_advantages is None:
         raise ValueError(
-            "algo.advantage='turn_td' needs the batch's turn advantages: "
-            "batch = ragen_tasks.training.turn_values.turn_td_batch(batch, trajectories, config)"
+            f"algo.advantage={algo.advantage!r} needs the batch's turn advantages: "
+            "batch = ragen_tasks.training.turn_values.turn_advantages_batch(batch, trajectories, config)"
         )
     return Advantages(torch.where(batch.loss_mask > 0, batch.turn_advantages, 0.0), None)
 
@@ -131,7 +131,8 @@ ADVANTAGES: dict[str, Estimator] = {
     "grpo": Estimator(model_free=True, compute=_grpo),
     "batch_norm": Estimator(model_free=True, compute=_batch_norm),
     "gae": Estimator(model_free=False, compute=_gae),
-    "turn_td": Estimator(model_free=True, compute=_turn_td),
+    "turn_td": Estimator(model_free=True, compute=_turn_advantages),
+    "turn_q": Estimator(model_free=True, compute=_turn_advantages),
 }
 
 

@@ -19,7 +19,7 @@ from ragen_tasks.data.token_batch import collate, with_turn_advantages
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.presets import load_config
-from ragen_tasks.training.turn_values import optimal_turn_values
+from ragen_tasks.training.turn_values import optimal_turn_advantages, optimal_turn_values
 from tests.conftest import TINY_RUN
 
 
@@ -79,9 +79,13 @@ def _lake_episode(seed: int, turns: list[list[str]]) -> tuple[list[str], list[li
     return boards, ran, cells
 
 
-def _played(env_name: str, seed: int, ran: list[list[str]], boards: list[str]) -> Trajectory:
-    """A trajectory of those turns (its tokens: a prompt token, then one sampled token a turn)."""
+def _played(
+    env_name: str, seed: int, ran: list[list[str]], boards: list[str], named: list[list[str]] | None = None
+) -> Trajectory:
+    """A trajectory of those turns (its tokens: a prompt token, then one sampled token a turn); each
+    turn's response names ``named`` (default: the actions it ran)."""
     n = len(ran)
+    responses = [f"<think>I act.</think><answer>{' || '.join(actions)}</answer>" for actions in (named or ran)]
     return synthetic_trajectory(
         list(range(n + 1)),
         [0] + [1] * n,
@@ -93,6 +97,7 @@ def _played(env_name: str, seed: int, ran: list[list[str]], boards: list[str]) -
         seed=seed,
         turn_actions=ran,
         turn_observations=boards,
+        turn_responses=responses,
     )
 
 
@@ -127,6 +132,54 @@ def test_a_replay_that_does_not_reach_the_recorded_board_is_an_error_not_a_wrong
         optimal_turn_values(replace(trajectory, env_name="sokoban"), {}, agent)
 
 
+def test_a_turns_outcome_is_where_its_actions_land_under_the_slip_law() -> None:
+    firm = make("frozen_lake", desc=["SFH", "FFG"], is_slippery=False)
+    firm.reset(seed=0)
+    assert firm.turn_outcome(["Right", "Down", "Right"]).tolist() == [0, 0, 0, 0, 0, 1]  # walks onto the goal
+    assert firm.turn_outcome(["Right", "Right", "Down"]).tolist() == [0, 0, 1, 0, 0, 0]  # the hole ends the turn
+    assert firm.turn_outcome([]).tolist() == [1, 0, 0, 0, 0, 0]
+    ice = make("frozen_lake", desc=["SFH", "FFG"])
+    ice.reset(seed=0)
+    one = ice.turn_outcome(["Right"])  # intended Right, or a slip Up (the wall: stays) or Down
+    assert one == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3, 0, 0])
+    two = ice.turn_outcome(["Right", "Right"])
+    assert two.sum() == pytest.approx(1.0) and two[2] > 0  # some of it has fallen in the hole and stays
+
+
+def test_the_planners_own_turn_has_no_exact_advantage_and_a_worse_one_a_negative_one() -> None:
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=3, max_actions_per_episode=10)
+    for seed in range(20):
+        lake = make("frozen_lake")
+        lake.reset(seed=seed)
+        planner = lake.planner(turns=5, actions=10, max_actions_per_turn=3)
+        row, col = lake.position
+        best = list(planner.best(row * 4 + col, 5, 10))
+        worst = min(
+            ([a] for a in ("Left", "Down", "Right", "Up")),
+            key=lambda actions: lake.turn_outcome(actions) @ planner.value[4, 9],
+        )
+        if lake.turn_outcome(worst) @ planner.value[4, 9] < planner.value[5, 10, row * 4 + col] - 0.05:
+            break
+    boards, ran, _ = _lake_episode(seed, [best])
+    assert optimal_turn_advantages(_played("frozen_lake", seed, ran, boards, [best]), {}, agent) == pytest.approx([0])
+    boards, ran, _ = _lake_episode(seed, [worst])
+    (advantage,) = optimal_turn_advantages(_played("frozen_lake", seed, ran, boards, [worst]), {}, agent)
+    assert advantage == pytest.approx(
+        lake.turn_outcome(worst) @ planner.value[4, 9] - planner.value[5, 10, row * 4 + col]
+    )
+    assert advantage < -0.05
+    bad = replace(_played("frozen_lake", seed, [[]], boards[:1], [[]]), turn_format_ok=[False])
+    (wasted,) = optimal_turn_advantages(bad, {}, agent)  # a turn that named nothing, and its penalty
+    assert wasted == pytest.approx(planner.value[4, 10, row * 4 + col] - planner.value[5, 10, row * 4 + col] - 0.1)
+
+
+def test_turn_q_refuses_a_response_that_does_not_name_what_the_turn_ran() -> None:
+    agent = AgentConfig(max_turns=5, max_actions_per_turn=3, max_actions_per_episode=10)
+    boards, ran, _ = _lake_episode(5, [["Down", "Right"]])
+    with pytest.raises(ValueError, match="its response names"):
+        optimal_turn_advantages(_played("frozen_lake", 5, ran, boards, [["Up"]]), {}, agent)
+
+
 def test_turn_td_is_refused_where_an_episode_could_not_be_valued() -> None:
     with pytest.raises(ValueError, match="'sokoban', which has none"):
         load_config("sokoban", {"algo.advantage": "turn_td"})
@@ -137,7 +190,10 @@ def test_turn_td_is_refused_where_an_episode_could_not_be_valued() -> None:
         load_config("frozenlake", {"algo.advantage": "turn_td", "agent.loss_on_observations": True})
 
 
-def test_an_update_with_turn_td_values_the_real_rollouts_of_the_slippery_lake(tmp_path: Path) -> None:
+@pytest.mark.parametrize("advantage", ["turn_td", "turn_q"])
+def test_an_update_with_turn_advantages_values_the_real_rollouts_of_the_slippery_lake(
+    tmp_path: Path, advantage: str
+) -> None:
     """Through the update stage: rollouts of the paper's lake, played by a model warm-started enough
     to move (100 steps), are replayed and valued (a replay that missed a recorded board would raise),
     and the update trains on the turns' advantages."""
@@ -148,13 +204,13 @@ def test_an_update_with_turn_td_values_the_real_rollouts_of_the_slippery_lake(tm
             "store.root": str(tmp_path / "runs"),
             "iterations": 1,
             "warm_start.steps": 100,
-            "algo.advantage": "turn_td",
+            "algo.advantage": advantage,
             "algo.lam": 0.5,
             "agent.max_turns": 5,
             "agent.max_tokens_per_turn": 32,
         },
     )
-    run = pipeline.open_run(config, "turn-td")
+    run = pipeline.open_run(config, advantage)
     pipeline.init_run(run)
     pipeline.generate_tasks(run, 0)
     pipeline.rollout(run, 0)
