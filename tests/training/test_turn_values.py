@@ -190,9 +190,15 @@ def test_turn_td_is_refused_where_an_episode_could_not_be_valued() -> None:
         load_config("frozenlake", {"algo.advantage": "turn_td", "agent.loss_on_observations": True})
 
 
+@pytest.fixture(scope="module")
+def lake_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store for both estimators' runs, so the second starts from the first's cached warm start."""
+    return tmp_path_factory.mktemp("turn-advantages") / "runs"
+
+
 @pytest.mark.parametrize("advantage", ["turn_td", "turn_q"])
 def test_an_update_with_turn_advantages_values_the_real_rollouts_of_the_slippery_lake(
-    tmp_path: Path, advantage: str
+    lake_runs: Path, advantage: str
 ) -> None:
     """Through the update stage: rollouts of the paper's lake, played by a model warm-started enough
     to move (100 steps), are replayed and valued (a replay that missed a recorded board would raise),
@@ -201,7 +207,7 @@ def test_an_update_with_turn_advantages_values_the_real_rollouts_of_the_slippery
         "frozenlake",
         {
             **TINY_RUN,
-            "store.root": str(tmp_path / "runs"),
+            "store.root": str(lake_runs),
             "iterations": 1,
             "warm_start.steps": 100,
             "algo.advantage": advantage,
