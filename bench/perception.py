@@ -39,10 +39,11 @@ from ragen_tasks.data.store import Store
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs.base import TextGame
+from ragen_tasks.envs.frozen_lake import ACTIONS
 from ragen_tasks.training.warm_start import demo_reasoning, demonstrator_agent, lake_planner
 
 _SENTENCE = re.compile(r"[^.]+\.")
-_DIRECTIONS = {"Up", "Down", "Left", "Right"}
+_DIRECTIONS = set(ACTIONS)  # Up, Down, Left, Right: the words both grid games' directions are named in
 #: The reasoning styles that read the board (``WarmStartConfig.reasoning`` less ``fixed``).
 STYLES = [style for style in typing.get_args(WarmStartConfig.model_fields["reasoning"].annotation) if style != "fixed"]
 

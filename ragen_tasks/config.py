@@ -234,6 +234,10 @@ class RolloutConfig(_Frozen):
         return [dict(opts) for _ in range(self.shards)]
 
 
+#: The advantage estimators that credit each turn by the game's optimal values (``training.turn_values``).
+TURN_ADVANTAGES: tuple[str, ...] = ("turn_td", "turn_q")
+
+
 class AlgoConfig(_Frozen):
     """StarPO / StarPO-S knobs (see ragen_tasks.algos for the math)."""
 
@@ -267,8 +271,8 @@ class AlgoConfig(_Frozen):
     filter_mode: FilterMode = Field("highest_std", description="which groups the uncertainty filter keeps")
     drop_zero_advantage: bool = Field(
         False,
-        description="StarPO-S speed-up (model-free estimators: grpo, batch_norm, turn_td, turn_q): drop trajectories whose advantage is 0 on every "
-        "token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
+        description="StarPO-S speed-up (model-free estimators: grpo, batch_norm, turn_td, turn_q): drop "
+        "trajectories whose advantage is 0 on every token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
         "False keeps every row, as verl / RAGEN do",
     )
     demo_loss_coef: float = Field(
@@ -579,12 +583,12 @@ class TrainConfig(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.agent.loss_on_observations and self.algo.advantage in ("gae", "turn_td", "turn_q"):
+        if self.agent.loss_on_observations and self.algo.advantage in ("gae", *TURN_ADVANTAGES):
             raise ValueError(
                 f"agent.loss_on_observations=true needs algo.advantage 'grpo' or 'batch_norm' "
                 f"({self.algo.advantage!r} gives observation tokens no advantage); set one of them differently"
             )
-        if self.algo.advantage in ("turn_td", "turn_q"):
+        if self.algo.advantage in TURN_ADVANTAGES:
             self._games_have_values()
         if self.rollout.min_plan_length:
             self._curriculum_fits()
@@ -610,13 +614,14 @@ class TrainConfig(_Frozen):
         for name in names:
             if name not in GAMES_WITH_VALUES:
                 raise ValueError(
-                    f"algo.advantage={self.algo.advantage!r} needs each game's optimal state values, and envs holds {name!r}, "
-                    f"which has none (games with values: {', '.join(GAMES_WITH_VALUES)}); use 'grpo' or 'gae'"
+                    f"algo.advantage={self.algo.advantage!r} needs each game's optimal state values, and envs "
+                    f"holds {name!r}, which has none (games with values: {', '.join(GAMES_WITH_VALUES)}); "
+                    "use 'grpo' or 'gae'"
                 )
             if names.count(name) > 1:
                 raise ValueError(
-                    f"algo.advantage={self.algo.advantage!r} replays each episode in its game's config, and envs lists {name!r} "
-                    f"{names.count(name)} times; keep one entry per game"
+                    f"algo.advantage={self.algo.advantage!r} replays each episode in its game's config, and "
+                    f"envs lists {name!r} {names.count(name)} times; keep one entry per game"
                 )
 
     def _curriculum_fits(self) -> None:

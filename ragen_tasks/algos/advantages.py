@@ -281,7 +281,13 @@ def turn_td_advantages(turn_rewards: Tensor, turn_values: Tensor, turn_valid: Te
     if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
         raise ValueError("turn_valid must be a prefix of each row: a real turn after a padding turn")
     delta = torch.where(valid, turn_rewards + turn_values[:, 1:] - turn_values[:, :-1], 0.0)  # (B, K)
-    advantages = _discounted_reverse_cumsum(delta, lam)  # (B, K): 0 past each row's last turn
+    return whiten_turns(_discounted_reverse_cumsum(delta, lam), valid)  # the sum is 0 past each row's last turn
+
+
+def whiten_turns(turn_advantages: Tensor, turn_valid: Tensor) -> Tensor:
+    """Per-turn advantages (B, K) whitened over the batch's valid turns (``turn_valid`` (B, K) 0/1:
+    mean and unbiased std); fewer than two valid turns give 0 (no spread to scale by)."""
+    valid = check_mask(turn_valid, "turn_valid", tuple(turn_advantages.shape))
     if int(valid.sum()) < 2:
-        return torch.zeros_like(advantages)
-    return masked_whiten(advantages, valid)
+        return torch.zeros_like(turn_advantages)
+    return masked_whiten(turn_advantages, valid)

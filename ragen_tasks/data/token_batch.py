@@ -54,9 +54,7 @@ class TokenBatch:
     group_ids: torch.Tensor  # (B,) int64
     lengths: torch.Tensor  # (B,) int64
     policy_versions: torch.Tensor  # (B,) int64
-    turn_advantages: torch.Tensor | None = (
-        None  # (B, T) float32, the sampled token's turn's advantage; None until given
-    )
+    turn_advantages: torch.Tensor | None = None  # (B, T) float32, its turn's advantage; None until given
 
     @property
     def batch_size(self) -> int:

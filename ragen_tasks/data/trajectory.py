@@ -74,9 +74,7 @@ class Trajectory:
     turn_actions: list[list[str]]  # canonical action names executed this turn (may be empty)
     turn_format_ok: list[bool]  # the answer parsed and every action was valid
     turn_think: list[str]  # text inside <think>..</think> ("" if none); reports and metrics only
-    turn_responses: list[
-        str
-    ]  # decoded response text; reports, and the actions a turn named (turn_q); never re-tokenised
+    turn_responses: list[str]  # decoded response; reports, the actions named (turn_q); never re-tokenised
     turn_observations: list[str]  # the board text shown before the turn; reports only
     # --- outcome ----------------------------------------------------------------------------------
     reward: float  # trajectory reward = sum(turn_rewards)

@@ -255,19 +255,26 @@ def turn_planner(
     return _turn_planner(tuple(desc), turns, actions, max_actions_per_turn, is_slippery, float(success_rate))
 
 
-@functools.lru_cache(maxsize=256)
-def _turn_planner(
-    desc: tuple[str, ...], turns: int, actions: int, per_turn: int, is_slippery: bool, success_rate: float
-) -> TurnPlanner:
-    table = _transition_table(desc, is_slippery, success_rate)
+def _step_matrix(table: TransitionTable) -> np.ndarray:
+    """(action, from, to) one-step probabilities of ``table``; a hole or the goal absorbs (the episode
+    is over there: no further move)."""
     cells = len(table)
-    step = np.zeros((4, cells, cells))  # (action, from, to) one-step probabilities; terminals absorb
+    step = np.zeros((4, cells, cells))
     for s, per_action in enumerate(table):
         for a, entries in enumerate(per_action):
             if not entries:
                 step[a, s, s] = 1.0
             for p, s2 in entries:
                 step[a, s, s2] += p
+    return step
+
+
+@functools.lru_cache(maxsize=256)
+def _turn_planner(
+    desc: tuple[str, ...], turns: int, actions: int, per_turn: int, is_slippery: bool, success_rate: float
+) -> TurnPlanner:
+    step = _step_matrix(_transition_table(desc, is_slippery, success_rate))  # (4, cells, cells)
+    cells = step.shape[1]
     flat = "".join(desc)
     goal = np.array([ch == "G" for ch in flat], dtype=np.float64)  # (cells,)
     terminal = np.array([ch in "GH" for ch in flat])  # (cells,)
@@ -413,18 +420,11 @@ class FrozenLakeEnv(TextGame):
     def turn_outcome(self, actions: Sequence[str]) -> np.ndarray:
         """Where a turn of ``actions``, run blind from the current cell, ends: (cells,) probabilities
         under the game's slip law (a hole or the goal ends it early; no actions: where it stands)."""
-        flat = "".join(self.desc)
-        where = np.zeros(len(flat))  # (cells,) probability of standing on each cell
+        step = _step_matrix(self._table)  # (4, cells, cells)
+        where = np.zeros(step.shape[1])  # (cells,) probability of standing on each cell
         where[self._state] = 1.0
         for action in actions:
-            moved = np.zeros_like(where)
-            for cell in np.flatnonzero(where):
-                if flat[cell] in "GH":  # the episode is over: no further move
-                    moved[cell] += where[cell]
-                    continue
-                for p, nxt in self._table[cell][ACTIONS.index(action)]:
-                    moved[nxt] += where[cell] * p
-            where = moved
+            where = where @ step[ACTIONS.index(action)]
         return where
 
     def planner(self, *, turns: int, actions: int, max_actions_per_turn: int) -> TurnPlanner:

@@ -18,6 +18,7 @@ import math
 import time
 from typing import Any
 
+from ragen_tasks.config import TURN_ADVANTAGES
 from ragen_tasks.data.token_batch import TokenBatch, collate, collate_table
 from ragen_tasks.data.trajectory import from_table
 from ragen_tasks.pipeline.lineage import marker_fingerprint, policy_step
@@ -138,7 +139,7 @@ def _train(run: Run, iteration: int, trainer: Trainer, step: int) -> dict[str, A
     device = next(trainer.actor_module.parameters()).device
     demos = _demonstrations(run, iteration, trainer, batch.num_rows, pad_id)
     tokens = collate_table(batch, pad_id=pad_id)
-    if config.algo.advantage in ("turn_td", "turn_q"):
+    if config.algo.advantage in TURN_ADVANTAGES:
         tokens = turn_advantages_batch(tokens, from_table(batch), config)
     try:
         metrics = ppo_update(

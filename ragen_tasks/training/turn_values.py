@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from ragen_tasks.agent.parsing import map_actions, parse_response
-from ragen_tasks.algos.advantages import turn_td_advantages
-from ragen_tasks.algos.masked import masked_whiten
+from ragen_tasks.algos.advantages import turn_td_advantages, whiten_turns
 from ragen_tasks.config import AgentConfig, TrainConfig
 from ragen_tasks.data.token_batch import TokenBatch, with_turn_advantages
 from ragen_tasks.data.trajectory import Trajectory
@@ -142,7 +141,7 @@ def turn_advantages_batch(batch: TokenBatch, trajectories: Sequence[Trajectory],
         spans[row, :n, 0] = torch.tensor(trajectory.turn_starts)
         spans[row, :n, 1] = torch.tensor(trajectory.turn_ends)
     if config.algo.advantage == "turn_q":
-        advantages = masked_whiten(exact, valid) if int(valid.sum()) >= 2 else torch.zeros_like(exact)
+        advantages = whiten_turns(exact, valid)
     else:
         advantages = turn_td_advantages(rewards, values, valid, lam=config.algo.lam)  # (B, K)
     return with_turn_advantages(batch, advantages, spans)
