@@ -22,7 +22,11 @@ Feature sets:
 * ``goal+neighbours+turn``;
 * ``goal+neighbours+budget``: and the turns and actions left, both (the planner's own budget);
 * ``goal+neighbours+diagonals`` (``+turn``): and the four cells one step away diagonally (what
-  ``neighbours-diagonals`` (``-turns``) reasoning states).
+  ``neighbours-diagonals`` (``-turns``) reasoning states);
+* ``goal+sides`` (``+turn``): the neighbours as a reader of the player's own row sees them: a hole
+  above or below reads ``frozen`` (walls and the goal there still read right, as the goal's place
+  and the player's row give them away). This is what ``bench/perception.py --by-value`` finds the
+  ``tiny-rows`` model reading.
 
 Usage::
 
@@ -37,6 +41,7 @@ import argparse
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from ragen_tasks.envs.frozen_lake import ACTIONS as ACTION_NAMES
 from ragen_tasks.envs.frozen_lake import FrozenLakeEnv
 
 TURNS, ACTIONS, PER_TURN = 5, 10, 3
@@ -48,6 +53,11 @@ def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tup
     reading: tuple[object, ...] = (goal_row - row, goal_col - col)
     if "neighbours" in kind:
         reading += env.neighbours
+    if "sides" in kind:
+        reading += tuple(
+            "frozen" if word == "hole" and action in ("Up", "Down") else word
+            for action, word in zip(ACTION_NAMES, env.neighbours, strict=True)
+        )
     if "diagonals" in kind:
         reading += env.diagonals
     if "turn" in kind:
@@ -108,6 +118,8 @@ def main() -> None:
         "goal+neighbours+budget",
         "goal+neighbours+diagonals",
         "goal+neighbours+diagonals+turn",
+        "goal+sides",
+        "goal+sides+turn",
     )
     env = FrozenLakeEnv(max_actions_per_episode=ACTIONS)
     counts: dict[str, defaultdict[tuple[object, ...], Counter[Turn]]] = {k: defaultdict(Counter) for k in kinds}

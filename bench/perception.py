@@ -7,7 +7,9 @@ from its store and, for every turn, rebuilds the game from the turn's board, wri
 the demonstrator would have written for it, and compares it with what the policy wrote: per
 sentence (``The goal is ...``, ``Left hole.``, ...), the share of turns where the policy's sentence
 is the right one. A policy that acts on a wrong reading of the board cannot imitate a planner that
-reads it right, whatever it learns about acting. On FrozenLake one more column, ``Planner's turn``,
+reads it right, whatever it learns about acting. ``--by-value`` splits each cell's sentence by what
+the cell holds (``Up=hole``, ``Up=frozen``, ...): a rate near 0.9 can be a cell read right whenever it
+is common and never when it is rare, the case that matters. On FrozenLake one more column, ``Planner's turn``,
 says how often the turn's actions were the slip-aware planner's (the warm start's demonstrator, for
 the board, the turns and the actions left, under ``warm_start.demo_actions_per_turn`` where the run
 set it): what the policy does with what it read.
@@ -16,6 +18,7 @@ Usage::
 
     python bench/perception.py STORE RUN_ID [--iterations 0 59] [--style neighbours-diagonals]
     python bench/perception.py --checkpoints CKPT [CKPT ...] [--seeds 1024] [--temperature 0] [--style ...]
+    (either form) [--by-value]
 
 The first form reads a run's training rollouts from its store (a folder, ``file://`` or ``s3://``),
 sampled at the rollout temperature: what RL trained on. An iteration's rollouts hold few boards
@@ -78,6 +81,15 @@ def label(sentence: str) -> str:
     return " ".join(words[:2]) if words[0] == "The" else words[0]
 
 
+def column(sentence: str, by_value: bool) -> str:
+    """The table column a sentence counts in: its ``label``, or with ``by_value`` a cell's sentence
+    split by what the cell holds (``Up Left hole.`` -> ``Up Left=hole``)."""
+    name = label(sentence)
+    if by_value and name.split()[0] in _DIRECTIONS:
+        return f"{name}={sentence.split()[-1].rstrip('.')}"
+    return name
+
+
 def played_planners_turn(trajectory: Trajectory, turn: int, env: TextGame, agent: AgentConfig) -> bool:
     """Whether FrozenLake turn ``turn`` played the planner's actions for its board and budget (a turn
     the episode ended midway matches on the actions it ran)."""
@@ -91,12 +103,17 @@ def played_planners_turn(trajectory: Trajectory, turn: int, env: TextGame, agent
 
 
 def read_rate(
-    trajectories: list[Trajectory], style: str, agent: AgentConfig, first_turns: int | None = None
+    trajectories: list[Trajectory],
+    style: str,
+    agent: AgentConfig,
+    first_turns: int | None = None,
+    by_value: bool = False,
 ) -> tuple[int, Counter[str], Counter[str]]:
-    """(turns read, sentence label -> turns whose sentence was right, label -> turns with that sentence
-    expected), over every turn of each trajectory or its first ``first_turns``; ``agent`` is the
-    demonstrator's (``demonstrator_agent``: the run's turns and actions, the demonstrations' actions per
-    turn; turn i of an episode has ``agent.max_turns - i`` turns left)."""
+    """(turns read, column -> turns whose sentence was right, column -> turns with that sentence
+    expected; a sentence counts in its ``column``), over every turn of each trajectory or its first
+    ``first_turns``; ``agent`` is the demonstrator's (``demonstrator_agent``: the run's turns and
+    actions, the demonstrations' actions per turn; turn i of an episode has ``agent.max_turns - i``
+    turns left)."""
     right: Counter[str] = Counter()
     expected: Counter[str] = Counter()
     turns = 0
@@ -109,8 +126,8 @@ def read_rate(
             turns += 1
             written = set(sentences(think))
             for sentence in sentences(demo_reasoning(env, style, turns_left=agent.max_turns - turn)):
-                expected[label(sentence)] += 1
-                right[label(sentence)] += sentence in written
+                expected[column(sentence, by_value)] += 1
+                right[column(sentence, by_value)] += sentence in written
             if trajectory.env_name == "frozen_lake":
                 expected["Planner's turn"] += 1
                 right["Planner's turn"] += played_planners_turn(trajectory, turn, env, agent)
@@ -119,7 +136,9 @@ def read_rate(
 
 def print_rates(rows: list[tuple[str, int, Counter[str], Counter[str]]], first_column: str) -> None:
     """A markdown table: per row (name, turns, right, expected), each sentence's share read right."""
-    header = list(rows[0][3])
+    keys = list(dict.fromkeys(key for *_, expected in rows for key in expected))
+    sentences_in_order = list(dict.fromkeys(key.split("=")[0] for key in keys))  # as the reasoning writes them
+    header = sorted(keys, key=lambda key: (sentences_in_order.index(key.split("=")[0]), key))
     print(f"| {first_column} | turns | " + " | ".join(header) + " |")
     print("|---" * (len(header) + 2) + "|")
     for name, turns, right, expected in rows:
@@ -143,8 +162,8 @@ def checkpoint_rates(args: argparse.Namespace) -> list[tuple[str, int, Counter[s
         name = str(folder)
         agent = demonstrator_agent(run.config)
         style = args.style or run.config.warm_start.reasoning
-        rows.append((f"{name}, first turn", *read_rate(trajectories, style, agent, first_turns=1)))
-        rows.append((f"{name}, all turns", *read_rate(trajectories, style, agent)))
+        rows.append((f"{name}, first turn", *read_rate(trajectories, style, agent, 1, args.by_value)))
+        rows.append((f"{name}, all turns", *read_rate(trajectories, style, agent, None, args.by_value)))
     return rows
 
 
@@ -162,6 +181,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1024, help="held-out seeds per checkpoint (--checkpoints)")
     parser.add_argument("--seed-offset", type=int, default=2_000_000, help="first held-out seed (--checkpoints)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (--checkpoints)")
+    parser.add_argument(
+        "--by-value", action="store_true", help="split each cell's sentence by what the cell holds (Up=hole, ...)"
+    )
     args = parser.parse_args()
     if bool(args.checkpoints) == bool(args.store and args.run_id):
         parser.error("give either STORE RUN_ID (training rollouts) or --checkpoints (held-out play), not both")
@@ -180,7 +202,7 @@ def main() -> None:
     rows = []
     for iteration in args.iterations:
         trajectories, _ = store.read_trajectories(args.run_id, iteration, "rollouts")
-        rows.append((str(iteration), *read_rate(trajectories, style, agent)))
+        rows.append((str(iteration), *read_rate(trajectories, style, agent, None, args.by_value)))
     print_rates(rows, "iteration")
 
 
