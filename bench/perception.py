@@ -126,8 +126,9 @@ def read_rate(
             turns += 1
             written = set(sentences(think))
             for sentence in sentences(demo_reasoning(env, style, turns_left=agent.max_turns - turn)):
-                expected[column(sentence, by_value)] += 1
-                right[column(sentence, by_value)] += sentence in written
+                key = column(sentence, by_value)
+                expected[key] += 1
+                right[key] += sentence in written
             if trajectory.env_name == "frozen_lake":
                 expected["Planner's turn"] += 1
                 right["Planner's turn"] += played_planners_turn(trajectory, turn, env, agent)

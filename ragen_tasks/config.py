@@ -272,8 +272,8 @@ class AlgoConfig(_Frozen):
     drop_zero_advantage: bool = Field(
         False,
         description="StarPO-S speed-up (model-free estimators: grpo, batch_norm, turn_td, turn_q): drop "
-        "trajectories whose advantage is 0 on every token before the update. It changes the token-mean denominator (fewer tokens), so it is not vanilla: "
-        "False keeps every row, as verl / RAGEN do",
+        "trajectories whose advantage is 0 on every token before the update. It changes the token-mean "
+        "denominator (fewer tokens), so it is not vanilla: False keeps every row, as verl / RAGEN do",
     )
     demo_loss_coef: float = Field(
         0.0,

@@ -4,8 +4,9 @@ In paper order (CleanRL style), as ``ppo_update`` reads:
 
 1. advantages that need no model (GRPO, batch-normalised, the per-turn ones against the game's
    optimal values, which the caller put in the batch: ``turn_values.turn_advantages_batch``) first;
-   with ``algo.drop_zero_advantage`` (StarPO-S), trajectories whose advantage is 0 everywhere (zero-variance groups carry no signal)
-   are dropped BEFORE any forward pass, which also drops their tokens from the loss denominator;
+   with ``algo.drop_zero_advantage`` (StarPO-S), trajectories whose advantage is 0 everywhere
+   (zero-variance groups carry no signal) are dropped BEFORE any forward pass, which also drops
+   their tokens from the loss denominator;
 2. no-grad forward passes (``old_pass``, in its own module): old log-probs of the actor, reference
    log-probs (only when a KL term is on), values (only with a critic);
 3. advantages that need them: token rewards (+ KL in the reward) -> GAE advantages and returns;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,6 @@ def test_by_value_shows_the_hole_read_as_frozen() -> None:
 
 
 def test_print_rates_orders_values_within_their_sentence(capsys: pytest.CaptureFixture[str]) -> None:
-    from collections import Counter
-
     expected = Counter({"The goal": 2, "Up=hole": 1, "Up=frozen": 1, "Down=wall": 2})
     right = Counter({"The goal": 2, "Up=frozen": 1, "Down=wall": 1})
     perception.print_rates([("ckpt", 2, right, expected)], "checkpoint")
