@@ -49,7 +49,7 @@ class EnvSpec(_Frozen):
 class ModelConfig(_Frozen):
     name_or_path: str = Field(
         "tiny",
-        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', 'base', "
+        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', 'tiny-rows-composed', 'tiny-deep-rows-composed', 'base', "
         "'small': built from a config, "
         "tokenizer trained locally), a HF hub id or a local folder",
     )
@@ -517,7 +517,13 @@ class WarmStartConfig(_Frozen):
         "still answer up to agent.max_actions_per_turn. None = agent.max_actions_per_turn",
     )
     reasoning: Literal[
-        "relative", "neighbours", "neighbours-turns", "neighbours-diagonals", "neighbours-diagonals-turns", "fixed"
+        "relative",
+        "neighbours",
+        "neighbours-turns",
+        "neighbours-diagonals",
+        "neighbours-diagonals-turns",
+        "rows-neighbours-diagonals-turns",
+        "fixed",
     ] = Field(
         "relative",
         description="the demonstrations' <think> text: 'relative' states where the things that matter lie, in "
@@ -525,7 +531,8 @@ class WarmStartConfig(_Frozen):
         "from the board; 'neighbours' adds what lies one step from the player on each side (FrozenLake: hole, "
         "frozen, goal, wall; Sokoban: wall, box, target, floor); 'neighbours-diagonals' then adds the four cells "
         "one step away diagonally ('Up Left hole.'); a '-turns' suffix then restates the prompt's turns left "
-        "('Turns left: 3.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
+        "('Turns left: 3.'); a 'rows-' prefix copies the board's rows above and below the player after the "
+        "relative text ('Above: _O__. Below: wall.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
     seed: int | None = Field(
         None,

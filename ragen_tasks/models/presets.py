@@ -7,7 +7,11 @@ has a tokenizer that splits boards into one token per cell (its own vocabulary);
 doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost per step
 (bench/RESULTS.md, "One token per board cell" and "Width or depth"); ``tiny-rows`` (and
 ``tiny-deep-rows``) make each row of the 4-wide lake one added token, which is what lets the tiny
-model read the lake (bench/RESULTS.md, "One token per lake row"). A preset is built once into a
+model read the lake (bench/RESULTS.md, "One token per lake row"); ``tiny-rows-composed`` (and
+``tiny-deep-rows-composed``) start each
+row token's embedding as the sum of one vector per (column, symbol), so that what a row holds at a
+given column is one direction of its embedding from the first step (bench/RESULTS.md, "Row tokens
+built from their cells"). A preset is built once into a
 cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
 ``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
 """
@@ -20,11 +24,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ragen_tasks.models.tokenizer import build_tokenizer, corpus_fingerprint, training_corpus
+from ragen_tasks.models.tokenizer import build_tokenizer, corpus_fingerprint, lake_row_tokens, training_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,11 @@ class PresetSpec:
     seed: int = 0  # random init seed
     board_cells: bool = False  # tokenizer: one token per board cell (tokenizer.build_tokenizer)
     lake_rows: bool = False  # tokenizer: one token per row of the 4-wide lake (tokenizer.build_tokenizer)
+    composed_lake_rows: bool = False  # init: a row token's embedding is its cells' sum (compose_lake_row_embeddings)
+
+    def __post_init__(self) -> None:
+        if self.composed_lake_rows and not self.lake_rows:
+            raise ValueError("composed_lake_rows=True needs lake_rows=True: there are no row tokens to compose")
 
 
 _TINY = PresetSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
@@ -56,6 +66,8 @@ PRESETS: dict[str, PresetSpec] = {
     "tiny-deep": replace(_TINY, num_layers=4),
     "tiny-rows": replace(_TINY, lake_rows=True),
     "tiny-deep-rows": replace(_TINY, num_layers=4, lake_rows=True),
+    "tiny-rows-composed": replace(_TINY, lake_rows=True, composed_lake_rows=True),
+    "tiny-deep-rows-composed": replace(_TINY, num_layers=4, lake_rows=True, composed_lake_rows=True),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
@@ -77,7 +89,36 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
     )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if spec.composed_lake_rows:
+        compose_lake_row_embeddings(model, tokenizer, seed=spec.seed)
     return model, tokenizer
+
+
+def compose_lake_row_embeddings(model: Qwen2ForCausalLM, tokenizer: Any, *, seed: int) -> None:
+    """Overwrite the embedding of every lake row token (``lake_row_tokens``) with the sum of one
+    random vector per (column, symbol) of the row, in place.
+
+    A randomly initialised row token is an arbitrary vector: whether the row holds a hole at column 2
+    is no direction of it, so reading the cell above the player (the player's column, taken from
+    another token) must first be learnt row token by row token. Composed, ``hole at column c`` is
+    the direction ``cell[c, "O"]`` in every row's embedding, which one attention read and one
+    ReLU gated by the player's column can use. Each vector has std ``initializer_range / sqrt(width)``,
+    so a row's embedding has the scale of every other token's. Deterministic per ``seed``; the
+    embeddings are tied, so the output side of the row tokens changes with them.
+    """
+    rows = lake_row_tokens()
+    ids = tokenizer.convert_tokens_to_ids(rows)
+    width = len(rows[0])
+    symbols = sorted({symbol for row in rows for symbol in row})
+    embedding: torch.nn.Embedding = model.get_input_embeddings()  # type: ignore[assignment]
+    weight = embedding.weight  # (vocab, hidden)
+    generator = torch.Generator().manual_seed(seed)
+    std = model.config.initializer_range / width**0.5
+    cells = torch.randn(width, len(symbols), embedding.embedding_dim, generator=generator) * std  # (column, symbol, hidden)
+    index = torch.tensor([[symbols.index(symbol) for symbol in row] for row in rows])  # (rows, column)
+    composed = cells[torch.arange(width), index].sum(dim=1)  # (rows, hidden)
+    with torch.no_grad():
+        weight[torch.tensor(ids)] = composed.to(weight.dtype)
 
 
 def qwen2_model(

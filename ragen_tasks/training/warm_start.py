@@ -76,6 +76,9 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     after a first move can land). A ``-turns`` suffix (``"neighbours-turns"``,
     ``"neighbours-diagonals-turns"``) then restates ``Turns left: N.`` from the prompt
     (``turns_left``, required: on slippery ice the best turn depends on how many are left).
+    A ``rows-`` prefix (``"rows-neighbours-diagonals-turns"``) copies the board's rows above and
+    below the player after the relative text (``Above: _O__. Below: wall.``), so that the
+    cells above and below are then read from a row a few tokens back instead of found on the board.
     A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
     ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
     """
@@ -83,6 +86,8 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
         if turns_left is None:
             raise ValueError(f"demo_reasoning(style={style!r}) needs turns_left: the turns left in the episode")
         return f"{demo_reasoning(env, style.removesuffix('-turns'))} Turns left: {turns_left}."
+    copy_rows = style.startswith("rows-")
+    style = style.removeprefix("rows-")
     if style not in ("relative", "neighbours", "neighbours-diagonals"):
         return _REASON.get(env.name, "I act.")
     parts: list[str] = []
@@ -91,6 +96,8 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
         if lake.config.position_hint != "none":
             return position_hint(lake.position, lake.goal, lake.config.position_hint)
         parts.append(position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me."))
+        if copy_rows:
+            parts.append(_rows_around(lake.render().split("\n")[: len(lake.desc)], lake.position[0]))
         if style != "relative":
             parts.append(_named_tiles(ACTIONS, lake.neighbours))
         if style == "neighbours-diagonals":
@@ -98,6 +105,8 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     elif env.name == "sokoban":
         room = getattr(env, "room")  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
         parts.append(_sokoban_relative(room))
+        if copy_rows:
+            parts.append(_rows_around(env.render().split("\n"), room.player // room.width))
         if style != "relative":
             parts.append(_sokoban_cells(room, tuple(zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True))))
         if style == "neighbours-diagonals":
@@ -105,6 +114,14 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     else:
         return _REASON.get(env.name, "I act.")
     return " ".join(parts)
+
+
+def _rows_around(rows: Sequence[str], player_row: int) -> str:
+    """``Above: _O__. Below: wall.``: the board's rows (``rows``, as rendered) above and below row
+    ``player_row``, ``wall`` past the board's edge."""
+    above = rows[player_row - 1] if player_row > 0 else "wall"
+    below = rows[player_row + 1] if player_row + 1 < len(rows) else "wall"
+    return f"Above: {above}. Below: {below}."
 
 
 def _named_tiles(names: Sequence[str], tiles: Sequence[str]) -> str:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ragen_tasks.models import PRESETS, build_preset, load_policy, save_policy
+from ragen_tasks.models.tokenizer import lake_row_tokens
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,32 @@ def test_build_is_seeded_and_leaves_global_rng_alone() -> None:
     assert torch.equal(before, after)
     for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
         assert torch.equal(x, y)
+
+
+def test_composed_lake_rows_are_their_cells_sum_and_leave_other_tokens_alone() -> None:
+    """``tiny-rows-composed``: a row token's embedding is a sum over its (column, symbol) cells, so two
+    rows that swap a cell between them sum to the same vector; every other token keeps ``tiny-rows``'s
+    embedding, and the row embeddings keep the scale of the rest."""
+    from dataclasses import replace
+
+    composed, tok = build_preset("tiny-rows-composed")
+    plain, _ = build_preset("tiny-rows")
+    emb = composed.get_input_embeddings().weight.detach()
+
+    def row(text: str) -> torch.Tensor:
+        (token_id,) = tok.encode(text)
+        return emb[token_id]
+
+    torch.testing.assert_close(row("O___") + row("_P_G"), row("OP_G") + row("____"))
+    torch.testing.assert_close(row("_O_O") + row("G___"), row("GO__") + row("___O"))
+    assert not torch.allclose(row("O___"), row("_O__"))  # a hole's column is part of the row's embedding
+    rows = torch.tensor(tok.convert_tokens_to_ids(lake_row_tokens()))
+    others = torch.ones(emb.shape[0], dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(emb[others], plain.get_input_embeddings().weight.detach()[others])
+    assert 0.5 < emb[rows].std().item() / emb[others].std().item() < 2.0
+    with pytest.raises(ValueError, match="composed_lake_rows=True needs lake_rows=True"):
+        replace(PRESETS["tiny"], composed_lake_rows=True)
 
 
 def test_save_and_load_from_folder_round_trips(cache_dir, tmp_path) -> None:

@@ -100,6 +100,29 @@ def test_neighbours_diagonals_reasoning_names_the_four_diagonal_cells() -> None:
     )
 
 
+def test_rows_reasoning_copies_the_rows_above_and_below_from_the_board() -> None:
+    """The ``rows-`` prefix copies the rendered rows above and below the player (``wall`` past an
+    edge) after the relative text, and the rest is the unprefixed style's text."""
+    lake = make("frozen_lake", desc=["HFG", "SFH", "FHF"], is_slippery=False)
+    board, _ = lake.reset(seed=0)  # S at the middle left
+    rows = board.split("\n")[:3]
+    assert rows == ["O_G", "P_O", "_O_"]
+    style = "rows-neighbours-diagonals-turns"
+    plain = demo_reasoning(lake, "neighbours-diagonals-turns", turns_left=4)
+    assert demo_reasoning(lake, style, turns_left=4) == plain.replace(
+        "from me. ", "from me. Above: O_G. Below: _O_. ", 1
+    )
+    lake.step("Right")  # the rows copied are the player's, not the start's
+    assert "from me. Above: O_G. Below: _O_. Left frozen." in demo_reasoning(lake, style, turns_left=3)
+    bottom = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False)
+    bottom.reset(seed=0)  # S at the bottom left: nothing below
+    assert "from me. Above: __G. Below: wall. Left wall." in demo_reasoning(bottom, style, turns_left=5)
+    room = "\n".join(["######", "#____#", "#_X__#", "#__P_#", "#___O#", "######"])
+    sokoban = make("sokoban", room=room)
+    sokoban.reset(seed=0)
+    assert "from the box. Above: #_X__#. Below: #___O#. Up floor." in demo_reasoning(sokoban, style, turns_left=5)
+
+
 def test_neighbours_turns_demonstrations_restate_the_prompts_turns_left(chatml_tokenizer) -> None:
     """Each turn's reasoning says the turns left that the prompt before it says, counting down."""
     import re
