@@ -49,7 +49,7 @@ class EnvSpec(_Frozen):
 class ModelConfig(_Frozen):
     name_or_path: str = Field(
         "tiny",
-        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', 'tiny-rows-composed', 'tiny-deep-rows-composed', 'base', "
+        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', 'tiny-rows-composed', 'base', "
         "'small': built from a config, "
         "tokenizer trained locally), a HF hub id or a local folder",
     )

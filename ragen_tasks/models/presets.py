@@ -7,13 +7,12 @@ has a tokenizer that splits boards into one token per cell (its own vocabulary);
 doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost per step
 (bench/RESULTS.md, "One token per board cell" and "Width or depth"); ``tiny-rows`` (and
 ``tiny-deep-rows``) make each row of the 4-wide lake one added token, which is what lets the tiny
-model read the lake (bench/RESULTS.md, "One token per lake row"); ``tiny-rows-composed`` (and
-``tiny-deep-rows-composed``) start each
+model read the lake (bench/RESULTS.md, "One token per lake row"); ``tiny-rows-composed`` starts each
 row token's embedding as the sum of one vector per (column, symbol), so that what a row holds at a
 given column is one direction of its embedding from the first step (bench/RESULTS.md, "Row tokens
-built from their cells"). A preset is built once into a
-cache folder ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with
-``from_pretrained`` like any other model, so the preset path and the hub path are the same code.
+built from their cells"). A preset is built once into a cache folder
+``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with ``from_pretrained``
+like any other model, so the preset path and the hub path are the same code.
 """
 
 from __future__ import annotations
@@ -67,7 +66,6 @@ PRESETS: dict[str, PresetSpec] = {
     "tiny-rows": replace(_TINY, lake_rows=True),
     "tiny-deep-rows": replace(_TINY, num_layers=4, lake_rows=True),
     "tiny-rows-composed": replace(_TINY, lake_rows=True, composed_lake_rows=True),
-    "tiny-deep-rows-composed": replace(_TINY, num_layers=4, lake_rows=True, composed_lake_rows=True),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
@@ -114,7 +112,8 @@ def compose_lake_row_embeddings(model: Qwen2ForCausalLM, tokenizer: Any, *, seed
     weight = embedding.weight  # (vocab, hidden)
     generator = torch.Generator().manual_seed(seed)
     std = model.config.initializer_range / width**0.5
-    cells = torch.randn(width, len(symbols), embedding.embedding_dim, generator=generator) * std  # (column, symbol, hidden)
+    # cells: (column, symbol, hidden), one random vector per symbol a column can hold
+    cells = torch.randn(width, len(symbols), embedding.embedding_dim, generator=generator) * std
     index = torch.tensor([[symbols.index(symbol) for symbol in row] for row in rows])  # (rows, column)
     composed = cells[torch.arange(width), index].sum(dim=1)  # (rows, hidden)
     with torch.no_grad():
