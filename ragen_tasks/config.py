@@ -523,6 +523,7 @@ class WarmStartConfig(_Frozen):
         "neighbours-diagonals",
         "neighbours-diagonals-turns",
         "rows-neighbours-diagonals-turns",
+        "cells-neighbours-diagonals-turns",
         "fixed",
     ] = Field(
         "relative",
@@ -532,7 +533,8 @@ class WarmStartConfig(_Frozen):
         "frozen, goal, wall; Sokoban: wall, box, target, floor); 'neighbours-diagonals' then adds the four cells "
         "one step away diagonally ('Up Left hole.'); a '-turns' suffix then restates the prompt's turns left "
         "('Turns left: 3.'); a 'rows-' prefix copies the board's rows above and below the player after the "
-        "relative text ('Above: _O__. Below: wall.'); 'fixed' is one sentence per game. Bandit reasoning never names an arm",
+        "relative text ('Above: _O__. Below: wall.'), a 'cells-' prefix copies them cell by cell ('Above: _ O _ _.'); "
+        "'fixed' is one sentence per game. Bandit reasoning never names an arm",
     )
     seed: int | None = Field(
         None,

@@ -79,6 +79,9 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     A ``rows-`` prefix (``"rows-neighbours-diagonals-turns"``) copies the board's rows above and
     below the player after the relative text (``Above: _O__. Below: wall.``), so that the
     cells above and below are then read from a row a few tokens back instead of found on the board.
+    A ``cells-`` prefix copies the same rows cell by cell (``Above: _ O _ _. Below: wall.``): with one
+    token per lake row, the copy then spells each row token out, and the cell above the player sits
+    at a fixed distance back from the sentence that names it.
     A FrozenLake with a ``position_hint`` restates the hint, whatever the style.
     ``"fixed"``: one sentence per game. Bandit reasoning is always the fixed, arm-neutral sentence.
     """
@@ -86,8 +89,9 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
         if turns_left is None:
             raise ValueError(f"demo_reasoning(style={style!r}) needs turns_left: the turns left in the episode")
         return f"{demo_reasoning(env, style.removesuffix('-turns'))} Turns left: {turns_left}."
-    copy_rows = style.startswith("rows-")
-    style = style.removeprefix("rows-")
+    copy_rows = style.startswith(("rows-", "cells-"))
+    by_cell = style.startswith("cells-")
+    style = style.removeprefix("rows-").removeprefix("cells-")
     if style not in ("relative", "neighbours", "neighbours-diagonals"):
         return _REASON.get(env.name, "I act.")
     parts: list[str] = []
@@ -97,7 +101,7 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
             return position_hint(lake.position, lake.goal, lake.config.position_hint)
         parts.append(position_hint(lake.position, lake.goal, "directions").replace("from you.", "from me."))
         if copy_rows:
-            parts.append(_rows_around(lake.render().split("\n")[: len(lake.desc)], lake.position[0]))
+            parts.append(_rows_around(lake.render().split("\n")[: len(lake.desc)], lake.position[0], by_cell=by_cell))
         if style != "relative":
             parts.append(_named_tiles(ACTIONS, lake.neighbours))
         if style == "neighbours-diagonals":
@@ -106,7 +110,7 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
         room = getattr(env, "room")  # noqa: B009 (SokobanEnv.room; TextGame does not declare it)
         parts.append(_sokoban_relative(room))
         if copy_rows:
-            parts.append(_rows_around(env.render().split("\n"), room.player // room.width))
+            parts.append(_rows_around(env.render().split("\n"), room.player // room.width, by_cell=by_cell))
         if style != "relative":
             parts.append(_sokoban_cells(room, tuple(zip(SOKOBAN_ACTIONS, SOKOBAN_DELTAS, strict=True))))
         if style == "neighbours-diagonals":
@@ -116,12 +120,17 @@ def demo_reasoning(env: TextGame, style: str = "relative", *, turns_left: int | 
     return " ".join(parts)
 
 
-def _rows_around(rows: Sequence[str], player_row: int) -> str:
+def _rows_around(rows: Sequence[str], player_row: int, *, by_cell: bool = False) -> str:
     """``Above: _O__. Below: wall.``: the board's rows (``rows``, as rendered) above and below row
-    ``player_row``, ``wall`` past the board's edge."""
-    above = rows[player_row - 1] if player_row > 0 else "wall"
-    below = rows[player_row + 1] if player_row + 1 < len(rows) else "wall"
-    return f"Above: {above}. Below: {below}."
+    ``player_row``, ``wall`` past the board's edge; ``by_cell`` puts a space between a row's cells
+    (``Above: _ O _ _.``)."""
+
+    def row(index: int) -> str:
+        if not 0 <= index < len(rows):
+            return "wall"
+        return " ".join(rows[index]) if by_cell else rows[index]
+
+    return f"Above: {row(player_row - 1)}. Below: {row(player_row + 1)}."
 
 
 def _named_tiles(names: Sequence[str], tiles: Sequence[str]) -> str:

@@ -123,6 +123,22 @@ def test_rows_reasoning_copies_the_rows_above_and_below_from_the_board() -> None
     assert "from the box. Above: #_X__#. Below: #___O#. Up floor." in demo_reasoning(sokoban, style, turns_left=5)
 
 
+def test_cells_reasoning_copies_the_same_rows_cell_by_cell() -> None:
+    """The ``cells-`` prefix is the ``rows-`` text with a space between a row's cells; ``wall`` stays a word."""
+    lake = make("frozen_lake", desc=["FFG", "SFH"], is_slippery=False)
+    lake.reset(seed=0)  # S at the bottom left: nothing below
+    rows_text = demo_reasoning(lake, "rows-neighbours-diagonals-turns", turns_left=5)
+    cells_text = demo_reasoning(lake, "cells-neighbours-diagonals-turns", turns_left=5)
+    assert "Above: __G. Below: wall." in rows_text
+    assert cells_text == rows_text.replace("Above: __G.", "Above: _ _ G.")
+    room = "\n".join(["######", "#____#", "#_X__#", "#__P_#", "#___O#", "######"])
+    sokoban = make("sokoban", room=room)
+    sokoban.reset(seed=0)
+    assert "Above: # _ X _ _ #. Below: # _ _ _ O #. Up floor." in demo_reasoning(
+        sokoban, "cells-neighbours-diagonals-turns", turns_left=5
+    )
+
+
 def test_neighbours_turns_demonstrations_restate_the_prompts_turns_left(chatml_tokenizer) -> None:
     """Each turn's reasoning says the turns left that the prompt before it says, counting down."""
     import re
