@@ -70,8 +70,7 @@ def features(env: FrozenLakeEnv, kind: str, turn: int, actions_left: int) -> tup
 def planner_turn(env: FrozenLakeEnv, turn: int, actions_left: int, per_turn: int) -> Turn:
     """The slip-aware planner's best turn of at most ``per_turn`` actions."""
     planner = env.planner(turns=TURNS, actions=ACTIONS, max_actions_per_turn=per_turn)
-    row, col = env.position
-    return planner.best(row * len(env.desc[0]) + col, TURNS - turn, actions_left)
+    return planner.best(env.cell, TURNS - turn, actions_left)
 
 
 Policy = Callable[[FrozenLakeEnv, int, int], Turn]

@@ -94,8 +94,7 @@ def played_planners_turn(trajectory: Trajectory, turn: int, env: TextGame, agent
     """Whether FrozenLake turn ``turn`` played the planner's actions for its board and budget (a turn
     the episode ended midway matches on the actions it ran)."""
     actions_left = agent.max_actions_per_episode - sum(len(a) for a in trajectory.turn_actions[:turn])
-    row, col = getattr(env, "position")  # noqa: B009 (FrozenLakeEnv.position)
-    cell = row * len(getattr(env, "desc")[0]) + col  # noqa: B009
+    cell = getattr(env, "cell")  # noqa: B009 (FrozenLakeEnv.cell; TextGame does not declare it)
     best = list(lake_planner(env, agent).best(cell, agent.max_turns - turn, actions_left))
     played = trajectory.turn_actions[turn]
     last = turn == trajectory.num_turns - 1

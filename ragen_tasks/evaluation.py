@@ -59,8 +59,7 @@ def _ceiling(env: Any, agent: AgentConfig) -> float | None:
         return float(plan is not None and len(plan) <= min(budget, agent.max_turns * agent.max_actions_per_turn))
     if env.name == "frozen_lake":
         planner = env.planner(turns=agent.max_turns, actions=budget, max_actions_per_turn=agent.max_actions_per_turn)
-        row, col = env.position
-        return float(planner.value[agent.max_turns, budget, row * len(env.desc[0]) + col])
+        return float(planner.value[agent.max_turns, budget, env.cell])
     return None
 
 

@@ -384,6 +384,11 @@ class FrozenLakeEnv(TextGame):
         return (r, c)
 
     @property
+    def cell(self) -> int:
+        """The player's flat cell index, ``row * width + col``: how the planner's tables index cells."""
+        return self._state
+
+    @property
     def goal(self) -> tuple[int, int]:
         """(row, col) of the goal."""
         return divmod(self._flat.index("G"), self._ncol)

@@ -74,8 +74,7 @@ class _TurnState:
 
     @property
     def cell(self) -> int:
-        row, col = self.lake.position
-        return int(row * len(self.lake.desc[0]) + col)
+        return int(self.lake.cell)
 
     @property
     def value(self) -> float:

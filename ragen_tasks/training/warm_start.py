@@ -189,9 +189,8 @@ def demo_actions(
     plan: Sequence[str] | None = None
     if env.name == "frozen_lake":
         lake: Any = env
-        row, col = lake.position
         planner = planner or lake_planner(lake, agent)
-        plan = planner.best(row * len(lake.desc[0]) + col, turns_left, lake.actions_left)
+        plan = planner.best(lake.cell, turns_left, lake.actions_left)
     elif hasattr(env, "solve"):
         plan = env.solve()
     plan = list(plan or [])[: agent.max_actions_per_turn] or [names[int(rng.integers(len(names)))]]

@@ -196,8 +196,7 @@ def _play_planner(desc: list[str], seed: int, episodes: int, per_turn: int) -> f
         env.reset(seed=seed + episode)
         done, used = False, 0
         for turns_left in range(5, 0, -1):
-            row, col = env.position
-            for action in planner.best(row * len(desc[0]) + col, turns_left, 10 - used):
+            for action in planner.best(env.cell, turns_left, 10 - used):
                 *_, terminated, truncated, info = env.step(action)
                 used += 1
                 if terminated or truncated:
@@ -267,3 +266,12 @@ def test_turn_planner_slip_aware_play_beats_the_shortest_path() -> None:
 def test_turn_planner_rejects_a_budget_it_cannot_search() -> None:
     with pytest.raises(ValueError, match="max_actions_per_turn=7"):
         turn_planner(GYM_4X4, turns=5, actions=10, max_actions_per_turn=7)
+
+
+def test_cell_is_the_flat_index_of_the_position_on_a_wide_map() -> None:
+    """``cell`` indexes the planner's tables: ``row * width + col``, with the map's width, not its height."""
+    env = make("frozen_lake", desc=["FFFG", "FSFH"], is_slippery=False)
+    env.reset(seed=0)
+    assert env.position == (1, 1) and env.cell == 5
+    env.step("Up")
+    assert env.position == (0, 1) and env.cell == 1

@@ -184,8 +184,7 @@ def test_demo_actions_per_turn_limits_the_demonstrator_not_the_agent(chatml_toke
         assert "Give 1 to 3 actions" in chatml_tokenizer.decode(demo.input_ids[: demo.prompt_length])
         lake = make_env("frozen_lake")
         lake.reset(seed=demo.seed)
-        row, col = lake.position
-        best = list(lake_planner(lake, two_action_rules).best(row * len(lake.desc[0]) + col, 5, lake.actions_left))
+        best = list(lake_planner(lake, two_action_rules).best(lake.cell, 5, lake.actions_left))
         first = demo.turn_actions[0]
         assert first == best or (demo.num_turns == 1 and first == best[: len(first)])  # ended midway
 
