@@ -96,7 +96,13 @@ class Server:
         return done
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        response = httpx.post(f"{self.api}{path}", json=body, timeout=120)  # SQLite on 2 busy cores
+        """POST to the API, retrying a 503 as Prefect's own client does: the server answers 503 for errors it
+        marks retryable (SQLite busy on 2 loaded cores), after rolling the request back."""
+        for attempt in range(5):
+            response = httpx.post(f"{self.api}{path}", json=body, timeout=120)
+            if response.status_code != httpx.codes.SERVICE_UNAVAILABLE:
+                break
+            time.sleep(2**attempt)
         response.raise_for_status()
         return response.json()
 
