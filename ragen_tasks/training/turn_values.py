@@ -73,16 +73,12 @@ class _TurnState:
     actions_left: int
 
     @property
-    def cell(self) -> int:
-        return int(self.lake.cell)
-
-    @property
     def value(self) -> float:
         """The optimal success probability from here; 0 once the episode is over."""
         row, col = self.lake.position
         if self.lake.desc[row][col] in "GH" or self.turns_left <= 0 or self.actions_left <= 0:
             return 0.0
-        return float(self.planner.value[self.turns_left, self.actions_left, self.cell])
+        return float(self.planner.value[self.turns_left, self.actions_left, self.lake.cell])
 
 
 def optimal_turn_values(trajectory: Trajectory, env_config: Mapping[str, Any], agent: AgentConfig) -> list[float]:
