@@ -1,5 +1,6 @@
 """A committed policy at work: rollouts with the policy in a checkpoint folder, and its held-out
-evaluation (deterministic given the seeds).
+evaluation (deterministic given the seeds, played in blocks of at most ``EVAL_BLOCK_SEEDS`` seeds per
+env so that its memory does not grow with the number of seeds).
 
 Rollouts may be sharded (``rollout.shards`` local processes, or one shard per server of the openai
 engine's ``engine_options.base_urls``): ``play_shard`` is what each shard runs, from plain data
@@ -9,6 +10,7 @@ only (the config, the checkpoint path, its tasks), so a spawned process builds i
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,12 @@ from ragen_tasks.rollout.loop import RolloutTask, make_eval_tasks, run_rollouts
 from ragen_tasks.rollout.registry import make_engine
 from ragen_tasks.rollout.shards import run_sharded
 from ragen_tasks.training import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+#: Seeds per env one evaluation plays at once: an engine batches every episode it is handed (the hf
+#: engine keeps each one's keys and values), so without blocks an evaluation's memory grows with its seeds.
+EVAL_BLOCK_SEEDS = 4096
 
 
 def _sampling(config: TrainConfig, *, temperature: float, seed: int) -> SamplingParams:
@@ -114,10 +122,16 @@ def evaluate_checkpoint(
     seed_offset: int | None = None,
     env_names: list[str] | None = None,
     temperature: float | None = None,
+    block_seeds: int = EVAL_BLOCK_SEEDS,
 ) -> tuple[dict[str, dict[str, float]], list[Trajectory]]:
     """Held-out evaluation of the policy in folder ``path`` on the envs of ``config`` (or ``env_names``;
     a name not in the mixture is evaluated with its default config), sampled at ``temperature``
-    (default ``config.eval.temperature``; 0 = greedy). Deterministic given the seeds."""
+    (default ``config.eval.temperature``; 0 = greedy). Deterministic given the seeds.
+
+    The seeds are played ``block_seeds`` at a time per env, so the memory an evaluation needs is one
+    block's. The blocks change no episode: every engine seeds an episode's sampling from the call's
+    seed and the episode's id (``rollout/seeding.py``), not from its place in the batch, and both are
+    the whole evaluation's."""
     temperature = config.eval.temperature if temperature is None else temperature
     if temperature < 0:
         raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy decoding)")
@@ -127,18 +141,29 @@ def evaluate_checkpoint(
     count = seeds or config.eval.seeds
     if count > MAX_EVAL_SEEDS:
         raise ValueError(f"seeds={count}: at most {MAX_EVAL_SEEDS} held-out seeds per env in one evaluation")
+    if block_seeds < 1:
+        raise ValueError(f"block_seeds={block_seeds}: must be >= 1 (seeds per env played at once)")
     # A RAGEN checkpoint must be committed and intact; a plain model folder (no training state) is evaluated as is.
     verified = ckpt.verify_checkpoint(Path(path)) if ckpt.is_checkpoint_folder(Path(path)) else {}
     tasks = make_eval_tasks(specs, count, offset)
     # The sampling noise follows the seeds too: two blocks of held-out seeds get independent samples.
     sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
-    trajectories = play_checkpoint(
-        config,
-        Path(path),
-        tasks,
-        temperature=temperature,
-        seed=sampling_seed,
-        policy_version=int(verified.get("policy_version", 0)),
-        weights_fingerprint=str(verified.get("fingerprint", "")),
-    )
+    blocks = range(0, count, block_seeds)
+    played: dict[str, Trajectory] = {}
+    for number, start in enumerate(blocks, 1):
+        block = [t for t in tasks if start <= t.seed - offset < start + block_seeds]  # every env's seeds in it
+        if len(blocks) > 1:
+            last = min(start + block_seeds, count) - 1
+            logger.info("evaluation: block %d/%d, seeds %d..%d", number, len(blocks), offset + start, offset + last)
+        for trajectory in play_checkpoint(
+            config,
+            Path(path),
+            block,
+            temperature=temperature,
+            seed=sampling_seed,
+            policy_version=int(verified.get("policy_version", 0)),
+            weights_fingerprint=str(verified.get("fingerprint", "")),
+        ):
+            played[trajectory.traj_id] = trajectory
+    trajectories = [played[t.traj_id] for t in tasks]  # in task order: each env's seeds in turn
     return aggregate(trajectories), trajectories

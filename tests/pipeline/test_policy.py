@@ -34,3 +34,25 @@ def test_a_negative_temperature_is_refused_naming_it(tmp_path: Path) -> None:
     run = _run(tmp_path, "eval-temperature")
     with pytest.raises(ValueError, match=r"temperature=-0.5: must be >= 0"):
         pipeline.evaluate_checkpoint(run.config, tmp_path / "never-read", temperature=-0.5)
+
+
+def test_an_evaluation_in_blocks_plays_the_same_episodes_as_one_batch(tmp_path: Path) -> None:
+    """A large evaluation is played a block of seeds at a time, so its memory is one block's; the
+    blocks change no episode (sampled at T 1, so any change in the noise would show)."""
+    lakes = [{"name": "frozen_lake"}, {"name": "frozen_lake", "config": {"desc": ["SFF", "FHF", "FFG"]}}]
+    run = _run(tmp_path, "eval-in-blocks", envs=lakes, **{"eval.temperature": 1.0})
+    pipeline.init_run(run)
+    checkpoint = run.checkpoint_path(0)
+
+    def episodes(block_seeds: int, offset: int = 3_000_000) -> list[tuple[str, int, list[int]]]:
+        _, trajectories = pipeline.evaluate_checkpoint(
+            run.config, checkpoint, seeds=7, seed_offset=offset, block_seeds=block_seeds
+        )
+        return [(t.traj_id, t.seed, list(t.input_ids)) for t in trajectories]
+
+    whole = episodes(block_seeds=7)
+    assert [seed for _, seed, _ in whole] == [*range(3_000_000, 3_000_007)] * 2  # each env's seeds in turn
+    assert episodes(block_seeds=3) == whole  # blocks of 3, 3 and 1 seeds per env
+    assert episodes(block_seeds=3, offset=3_000_001)[0][2] != whole[1][2]  # the test can fail: other noise shows
+    with pytest.raises(ValueError, match=r"block_seeds=0: must be >= 1"):
+        pipeline.evaluate_checkpoint(run.config, checkpoint, seeds=2, block_seeds=0)
