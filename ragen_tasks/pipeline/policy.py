@@ -146,7 +146,7 @@ def evaluate_checkpoint(
     # A RAGEN checkpoint must be committed and intact; a plain model folder (no training state) is evaluated as is.
     verified = ckpt.verify_checkpoint(Path(path)) if ckpt.is_checkpoint_folder(Path(path)) else {}
     tasks = make_eval_tasks(specs, count, offset)
-    # The sampling noise follows the seeds too: two blocks of held-out seeds get independent samples.
+    # The sampling noise follows the seed offset too: evaluations at two offsets get independent samples.
     sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
     blocks = range(0, count, block_seeds)
     played: dict[str, Trajectory] = {}
