@@ -1,6 +1,6 @@
 """A committed policy at work: rollouts with the policy in a checkpoint folder, and its held-out
-evaluation (deterministic given the seeds, played in blocks of at most ``EVAL_BLOCK_SEEDS`` seeds per
-env so that its memory does not grow with the number of seeds).
+evaluation (deterministic given the seeds; its engine is handed at most ``EVAL_BLOCK_SEEDS`` episodes per
+env evaluated at a time, so that its memory does not grow with the number of seeds).
 
 Rollouts may be sharded (``rollout.shards`` local processes, or one shard per server of the openai
 engine's ``engine_options.base_urls``): ``play_shard`` is what each shard runs, from plain data
@@ -29,8 +29,10 @@ from ragen_tasks.training import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
-#: Seeds per env one evaluation plays at once: an engine batches every episode it is handed (the hf
-#: engine keeps each one's keys and values), so without blocks an evaluation's memory grows with its seeds.
+#: Episodes per env evaluated that an evaluation hands its engine at once (a block of
+#: ``EVAL_BLOCK_SEEDS`` x envs episodes): an engine batches every episode it is handed
+#: (the hf engine keeps each one's keys and values), so without blocks an evaluation's memory grows with
+#: its seeds.
 EVAL_BLOCK_SEEDS = 4096
 
 
@@ -53,9 +55,11 @@ def play_checkpoint(
     seed: int,
     policy_version: int,
     weights_fingerprint: str,
+    block_tasks: int | None = None,
 ) -> list[Trajectory]:
     """Roll out ``tasks`` with the policy saved in folder ``path`` (engine per ``config.rollout``);
-    one trajectory per task, in task order, whether one engine or several shards play them."""
+    one trajectory per task, in task order, whether one engine or several shards play them. Each
+    engine is handed at most ``block_tasks`` of its tasks at a time (None: all of them at once)."""
     play = functools.partial(
         play_shard,
         config,
@@ -63,6 +67,7 @@ def play_checkpoint(
         sampling=_sampling(config, temperature=temperature, seed=seed),
         policy_version=policy_version,
         weights_fingerprint=weights_fingerprint,
+        block_tasks=block_tasks,
     )
     options = config.rollout.shard_engine_options
     if len(options) == 1:
@@ -83,10 +88,19 @@ def play_shard(
     sampling: SamplingParams,
     policy_version: int,
     weights_fingerprint: str,
+    block_tasks: int | None = None,
 ) -> list[Trajectory]:
     """Roll out ``tasks`` on one engine built here from ``engine_options`` and the checkpoint folder
     ``path``: hf (or a dotted path) loads the weights into this process; vllm loads the folder
-    itself; openai needs only the tokenizer (the server holds the weights)."""
+    itself; openai needs only the tokenizer (the server holds the weights).
+
+    The engine is handed ``block_tasks`` tasks at a time (None: all), so the memory their episodes
+    hold is one block's while the engine is built once. Blocks change no episode: every engine seeds an
+    episode's sampling from ``sampling.seed`` and the episode's id (``rollout/seeding.py``), not from
+    its place in the batch."""
+    if block_tasks is not None and block_tasks < 1:
+        raise ValueError(f"block_tasks={block_tasks}: must be >= 1 (tasks handed to the engine at once)")
+    block = block_tasks or max(len(tasks), 1)
     name = config.rollout.engine
     engine: Any
     if name in ("openai", "vllm"):
@@ -99,15 +113,21 @@ def play_shard(
         model, tokenizer = load_policy(path, dtype=config.model.dtype, device=config.model.device)
         engine = make_engine(name, model=model, tokenizer=tokenizer, **engine_options)
     try:
-        return run_rollouts(
-            engine,
-            tokenizer,
-            tasks,
-            agent=config.agent,
-            sampling=sampling,
-            policy_version=policy_version,
-            weights_fingerprint=weights_fingerprint,
-        )
+        played: list[Trajectory] = []
+        for start in range(0, len(tasks), block):
+            if len(tasks) > block:
+                last = min(start + block, len(tasks))
+                logger.info("rollouts: episodes %d..%d of %d", start + 1, last, len(tasks))
+            played += run_rollouts(
+                engine,
+                tokenizer,
+                tasks[start : start + block],
+                agent=config.agent,
+                sampling=sampling,
+                policy_version=policy_version,
+                weights_fingerprint=weights_fingerprint,
+            )
+        return played
     finally:
         close = getattr(engine, "close", None)  # the openai engine's HTTP client
         if callable(close):
@@ -128,10 +148,9 @@ def evaluate_checkpoint(
     a name not in the mixture is evaluated with its default config), sampled at ``temperature``
     (default ``config.eval.temperature``; 0 = greedy). Deterministic given the seeds.
 
-    The seeds are played ``block_seeds`` at a time per env, so the memory an evaluation needs is one
-    block's. The blocks change no episode: every engine seeds an episode's sampling from the call's
-    seed and the episode's id (``rollout/seeding.py``), not from its place in the batch, and both are
-    the whole evaluation's."""
+    The engine, built once, is handed ``block_seeds`` x (envs evaluated) episodes at a time
+    (``play_shard``'s blocks), so the memory an evaluation needs is one block's; the blocks change no
+    episode."""
     temperature = config.eval.temperature if temperature is None else temperature
     if temperature < 0:
         raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy decoding)")
@@ -148,22 +167,14 @@ def evaluate_checkpoint(
     tasks = make_eval_tasks(specs, count, offset)
     # The sampling noise follows the seed offset too: evaluations at two offsets get independent samples.
     sampling_seed = int(np.random.SeedSequence([config.seed, offset]).generate_state(1, dtype=np.uint64)[0] >> 2)
-    blocks = range(0, count, block_seeds)
-    played: dict[str, Trajectory] = {}
-    for number, start in enumerate(blocks, 1):
-        block = [t for t in tasks if start <= t.seed - offset < start + block_seeds]  # every env's seeds in it
-        if len(blocks) > 1:
-            last = min(start + block_seeds, count) - 1
-            logger.info("evaluation: block %d/%d, seeds %d..%d", number, len(blocks), offset + start, offset + last)
-        for trajectory in play_checkpoint(
-            config,
-            Path(path),
-            block,
-            temperature=temperature,
-            seed=sampling_seed,
-            policy_version=int(verified.get("policy_version", 0)),
-            weights_fingerprint=str(verified.get("fingerprint", "")),
-        ):
-            played[trajectory.traj_id] = trajectory
-    trajectories = [played[t.traj_id] for t in tasks]  # in task order: each env's seeds in turn
+    trajectories = play_checkpoint(
+        config,
+        Path(path),
+        tasks,
+        temperature=temperature,
+        seed=sampling_seed,
+        policy_version=int(verified.get("policy_version", 0)),
+        weights_fingerprint=str(verified.get("fingerprint", "")),
+        block_tasks=block_seeds * len(specs),
+    )
     return aggregate(trajectories), trajectories

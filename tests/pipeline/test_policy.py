@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ def test_a_negative_temperature_is_refused_naming_it(tmp_path: Path) -> None:
         pipeline.evaluate_checkpoint(run.config, tmp_path / "never-read", temperature=-0.5)
 
 
-def test_an_evaluation_in_blocks_plays_the_same_episodes_as_one_batch(tmp_path: Path) -> None:
-    """A large evaluation is played a block of seeds at a time, so its memory is one block's; the
-    blocks change no episode (sampled at T 1, so any change in the noise would show)."""
+def test_an_evaluation_in_blocks_plays_the_same_episodes_as_one_batch(tmp_path: Path, caplog) -> None:
+    """A large evaluation hands its one engine a block of episodes at a time, so its memory is one
+    block's; the blocks change no episode (sampled at T 1, so any change in the noise would show)."""
     lakes = [{"name": "frozen_lake"}, {"name": "frozen_lake", "config": {"desc": ["SFF", "FHF", "FFG"]}}]
     run = _run(tmp_path, "eval-in-blocks", envs=lakes, **{"eval.temperature": 1.0})
     pipeline.init_run(run)
@@ -52,7 +53,14 @@ def test_an_evaluation_in_blocks_plays_the_same_episodes_as_one_batch(tmp_path: 
 
     whole = episodes(block_seeds=7)
     assert [seed for _, seed, _ in whole] == [*range(3_000_000, 3_000_007)] * 2  # each env's seeds in turn
-    assert episodes(block_seeds=3) == whole  # blocks of 3, 3 and 1 seeds per env
+    with caplog.at_level(logging.INFO, logger="ragen_tasks.pipeline.policy"):
+        assert episodes(block_seeds=3) == whole  # blocks of 3 x 2 envs = 6 episodes: 6, 6 and 2
+    blocks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rollouts: episodes")]
+    assert blocks == [
+        "rollouts: episodes 1..6 of 14",
+        "rollouts: episodes 7..12 of 14",
+        "rollouts: episodes 13..14 of 14",
+    ]
     assert episodes(block_seeds=3, offset=3_000_001)[0][2] != whole[1][2]  # the test can fail: other noise shows
     with pytest.raises(ValueError, match=r"block_seeds=0: must be >= 1"):
         pipeline.evaluate_checkpoint(run.config, checkpoint, seeds=2, block_seeds=0)
