@@ -49,8 +49,8 @@ class EnvSpec(_Frozen):
 class ModelConfig(_Frozen):
     name_or_path: str = Field(
         "tiny",
-        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', 'tiny-rows-composed', 'base', "
-        "'small': built from a config, "
+        description="a preset ('tiny', 'tiny-cells', 'tiny-rows', 'tiny-wide', 'tiny-deep', 'tiny-deep-rows', "
+        "'tiny-rows-composed', 'tiny-rows-words', 'base', 'small': built from a config, "
         "tokenizer trained locally), a HF hub id or a local folder",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights / compute dtype")

@@ -10,7 +10,9 @@ doubles the width (hidden 128), ``tiny-deep`` the layers (4), each ~2x the cost 
 model read the lake (bench/RESULTS.md, "One token per lake row"); ``tiny-rows-composed`` starts each
 row token's embedding as the sum of one vector per (column, symbol), so that what a row holds at a
 given column is one direction of its embedding from the first step (bench/RESULTS.md, "Row tokens
-built from their cells"). A preset is built once into a cache folder
+built from their cells"); ``tiny-rows-words`` is ``tiny-rows-composed`` with a tokenizer of whole words
+trained also on the games' own text, the same model on about 1.6 times fewer tokens a lake episode
+(bench/RESULTS.md, "Whole-word tokens"). A preset is built once into a cache folder
 ``<cache_dir>/<name>-<PRESET_VERSION>-<corpus sha>`` and loaded from there with ``from_pretrained``
 like any other model, so the preset path and the hub path are the same code.
 """
@@ -49,6 +51,7 @@ class PresetSpec:
     board_cells: bool = False  # tokenizer: one token per board cell (tokenizer.build_tokenizer)
     lake_rows: bool = False  # tokenizer: one token per row of the 4-wide lake (tokenizer.build_tokenizer)
     composed_lake_rows: bool = False  # init: a row token's embedding is its cells' sum (compose_lake_row_embeddings)
+    whole_words: bool = False  # tokenizer: whole words, trained also on the games' text (tokenizer.build_tokenizer)
 
     def __post_init__(self) -> None:
         if self.composed_lake_rows and not self.lake_rows:
@@ -66,6 +69,7 @@ PRESETS: dict[str, PresetSpec] = {
     "tiny-rows": replace(_TINY, lake_rows=True),
     "tiny-deep-rows": replace(_TINY, num_layers=4, lake_rows=True),
     "tiny-rows-composed": replace(_TINY, lake_rows=True, composed_lake_rows=True),
+    "tiny-rows-words": replace(_TINY, lake_rows=True, composed_lake_rows=True, whole_words=True),
     "small": PresetSpec(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
 }
 
@@ -81,7 +85,13 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     spec = PRESETS[name]
-    tokenizer = build_tokenizer(vocab_size=spec.vocab_size, board_cells=spec.board_cells, lake_rows=spec.lake_rows)
+    tokenizer = build_tokenizer(
+        vocab_size=spec.vocab_size,
+        corpus=training_corpus(game_text=spec.whole_words),
+        board_cells=spec.board_cells,
+        lake_rows=spec.lake_rows,
+        whole_words=spec.whole_words,
+    )
     model = qwen2_model(
         spec, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
@@ -152,7 +162,8 @@ def ensure_preset(name: str, cache_dir: str | os.PathLike[str] | None = None) ->
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder = root / f"{name}-{PRESET_VERSION}-{corpus_fingerprint(training_corpus())}"
+    corpus = training_corpus(game_text=PRESETS[name].whole_words)
+    folder = root / f"{name}-{PRESET_VERSION}-{corpus_fingerprint(corpus)}"
     if (folder / "config.json").exists():
         return folder
     root.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,10 @@ never fails on a board symbol it has not seen. It is trained on a fixed built-in
 boards in the games' symbol sets, the answer tags, action names, digits and the prompt words,
 plus the renders of the registered games when ``ragen_tasks.envs`` provides them. BPE merges runs
 of board symbols (``###``, ``#P``) into single tokens; ``board_cells=True`` keeps one token per cell,
-``lake_rows=True`` makes each row of the 4-wide lake one token.
+``lake_rows=True`` makes each row of the 4-wide lake one token. ``whole_words=True`` splits text
+into whole words with their punctuation (`` hole.``, `` Above:``) instead of Qwen's split, and adds
+the games' own prompts and the warm start's reasoning to the corpus, so that each word the agent
+reads or writes in a game is one token.
 
 The answer tags (``<think>``, ``</think>``, ``<answer>``, ``</answer>``, ``||``) are added tokens:
 each is exactly one id, which makes stopping at ``</answer>`` a one-token check. They are not
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -38,6 +42,11 @@ TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "||")
 QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+#: ``whole_words``: a pre-token is a run of non-space characters with at most one leading space, or a
+#: run of whitespace, so a word keeps its punctuation and BPE can make `` hole.`` one token (Qwen's split
+#: cuts punctuation and each digit off, which leaves the games' short sentences at two tokens a word).
+WORD_SPLIT_REGEX = r" ?\S+|\s+"
 
 #: Qwen-style ChatML template; ``add_generation_prompt`` opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -134,9 +143,66 @@ def _env_corpus() -> list[str]:
     return lines
 
 
-def training_corpus() -> list[str]:
-    """The exact text the tokenizer is trained on (built-in sample + game renders if available)."""
-    return _builtin_corpus() + _env_corpus()
+def _game_text_corpus(seeds: int = 100) -> list[str]:
+    """What the agent reads and writes in each game, as the rollout loop and the warm start word it:
+    the first prompt, the follow-up messages and demonstration-style replies (every reasoning style of
+    the warm start), over ``seeds`` episodes a game of random actions. Deterministic."""
+    from typing import get_args
+
+    from ragen_tasks.agent.prompts import followup_message, initial_messages
+    from ragen_tasks.config import WarmStartConfig
+    from ragen_tasks.envs import make
+    from ragen_tasks.training.warm_start import demo_reasoning
+
+    styles = get_args(WarmStartConfig.model_fields["reasoning"].annotation)
+    max_turns, max_actions = 5, 10
+    rng = random.Random(0)
+    lines: list[str] = []
+    for name in ("bandit", "sokoban", "frozen_lake"):
+        for seed in range(seeds):
+            env = make(name)
+            board, _ = env.reset(seed=seed)
+            rules = env.config.model_dump() if hasattr(env, "config") else {}
+            system, user = initial_messages(
+                env_name=name,
+                action_names=env.action_names,
+                legend=env.legend,
+                board=str(board),
+                turns_left=max_turns,
+                actions_left=max_actions,
+                max_actions_per_turn=3,
+                think=True,
+                rules=rules,
+            )
+            lines += [f"system\n{system['content']}", f"user\n{user['content']}"]
+            actions_left = max_actions
+            for turn in range(max_turns):
+                actions = [rng.choice(env.action_names) for _ in range(rng.randint(1, 3))]
+                reasoning = demo_reasoning(env, styles[(seed + turn) % len(styles)], turns_left=max_turns - turn)
+                lines.append(f"assistant\n<think>{reasoning}</think><answer>{' || '.join(actions)}</answer>")
+                reward, over = 0.0, False
+                for action in actions:
+                    board, step_reward, terminated, truncated, _ = env.step(action)
+                    reward, actions_left, over = reward + float(step_reward), actions_left - 1, terminated or truncated
+                    if over:
+                        break
+                if over:
+                    break
+                followup = followup_message(
+                    board=str(board),
+                    reward=reward,
+                    turns_left=max_turns - turn - 1,
+                    actions_left=actions_left,
+                    format_ok=True,
+                )
+                lines.append(f"user\n{followup['content']}")
+    return lines
+
+
+def training_corpus(*, game_text: bool = False) -> list[str]:
+    """The exact text the tokenizer is trained on (built-in sample + game renders if available; with
+    ``game_text``, also the games' prompts and the warm start's reasoning, ``_game_text_corpus``)."""
+    return _builtin_corpus() + _env_corpus() + (_game_text_corpus() if game_text else [])
 
 
 def corpus_fingerprint(corpus: list[str]) -> str:
@@ -145,9 +211,15 @@ def corpus_fingerprint(corpus: list[str]) -> str:
 
 
 def build_tokenizer(
-    vocab_size: int = 1024, corpus: list[str] | None = None, *, board_cells: bool = False, lake_rows: bool = False
+    vocab_size: int = 1024,
+    corpus: list[str] | None = None,
+    *,
+    board_cells: bool = False,
+    lake_rows: bool = False,
+    whole_words: bool = False,
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus()``) and wrap it.
+    """Train a byte-level BPE tokenizer on ``corpus`` (default: ``training_corpus(game_text=whole_words)``)
+    and wrap it.
 
     ``board_cells``: split a game board into one token per cell (``BOARD_CELL_REGEX``) before BPE,
     so that a cell's token does not depend on its neighbours (by default BPE merges runs such as
@@ -158,16 +230,23 @@ def build_tokenizer(
     or a hole is a property of one token, and a row's place on the board a fixed offset, instead of
     something a small model must count out of merged pieces of varying length. The same four
     symbols in a row of other text (a Sokoban row such as ``#_X__#``) also become one such token.
+
+    ``whole_words``: pre-tokens are whole words with their punctuation (``WORD_SPLIT_REGEX``) and the
+    default corpus adds the games' text, so a lake episode of the warm start is about 1.6 times fewer
+    tokens than with Qwen's split (a supervised step's attention, quadratic in them, about 2.5 times
+    less). ``loading.load_policy`` keeps the saved split, as for ``board_cells``.
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs >= 300 (256 bytes + specials)")
-    corpus = training_corpus() if corpus is None else corpus
+    corpus = training_corpus(game_text=whole_words) if corpus is None else corpus
     tok = Tokenizer(models.BPE())
     cell_split = [pre_tokenizers.Split(Regex(BOARD_CELL_REGEX), behavior="isolated")] if board_cells else []
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             *cell_split,
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(
+                Regex(WORD_SPLIT_REGEX if whole_words else QWEN_SPLIT_REGEX), behavior="isolated", invert=False
+            ),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

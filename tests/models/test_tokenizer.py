@@ -210,3 +210,84 @@ def test_lake_row_preset_reloads_with_its_rows(tmp_path) -> None:
     fresh = build_tokenizer(lake_rows=True)
     for text in (*TEXTS, "Board:\n____\nP___\nOG_O\n__√_<|im_end|>"):
         assert reloaded.encode(text) == fresh.encode(text), text
+
+
+@pytest.fixture(scope="module")
+def word_tok():
+    return build_tokenizer(lake_rows=True, whole_words=True)
+
+
+def test_whole_words_make_each_word_of_a_lake_demonstration_one_token(word_tok, row_tok) -> None:
+    """With ``whole_words`` the warm start's richest lake reasoning is one token per word (its
+    punctuation kept on it), each lake row one token, the tags one each; Qwen's split takes far more."""
+    from ragen_tasks import envs
+    from ragen_tasks.training.warm_start import demo_reasoning
+
+    env = envs.make("frozen_lake")
+    for seed in range(20):
+        env.reset(seed=seed)
+        reasoning = demo_reasoning(env, "rows-neighbours-diagonals-turns", turns_left=1 + seed % 5)
+        text = f"<think>{reasoning}</think><answer>Up || Left</answer>"
+        pieces = [word_tok.decode([i]) for i in word_tok.encode(text)]
+        words = reasoning.split(" ")
+        expected = ["<think>", words[0], *(f" {w}" for w in words[1:]), "</think>", "<answer>", "Up", " ", "||"]
+        expected += [" Left", "</answer>"]
+        # a copied row (``Above: ____.``) is the row token then its full stop
+        assert pieces == [q for e in expected for q in _split_row(e)], (seed, pieces)
+        assert word_tok.decode(word_tok.encode(text)) == text
+        assert len(row_tok.encode(text)) > 1.3 * len(pieces)
+
+
+def _split_row(piece: str) -> list[str]:
+    """`` ____.`` -> ``[" ", "____", "."]``: a lake row is an added token, cut out of its word."""
+    from ragen_tasks.models.tokenizer import lake_row_tokens
+
+    word = piece.strip(" .")
+    if word not in lake_row_tokens():
+        return [piece]
+    before, _, after = piece.partition(word)
+    return [p for p in (before, word, after) if p]
+
+
+@pytest.mark.parametrize("game", ["sokoban", "frozen_lake", "bandit"])
+def test_whole_words_make_the_first_prompt_shorter_and_round_trip(word_tok, row_tok, game) -> None:
+    """Every game's first prompt, as the rollout loop renders it, encodes to fewer whole-word tokens
+    than Qwen-split ones and decodes back to itself; any other text still round-trips."""
+    from ragen_tasks import envs
+    from ragen_tasks.agent.prompts import initial_messages
+
+    env = envs.make(game)
+    board, _ = env.reset(seed=3)
+    system, user = initial_messages(
+        env_name=game,
+        action_names=env.action_names,
+        legend=env.legend,
+        board=str(board),
+        turns_left=5,
+        actions_left=10,
+        max_actions_per_turn=3,
+        think=True,
+        rules=env.config.model_dump(),
+    )
+    text = word_tok.apply_chat_template([system, user], tokenize=False, add_generation_prompt=True)
+    ids = word_tok.encode(text)
+    assert word_tok.decode(ids) == text
+    assert len(ids) < 0.75 * len(row_tok.encode(text)), game
+    for sample in TEXTS:
+        assert word_tok.decode(word_tok.encode(sample)) == sample
+
+
+def test_whole_word_preset_reloads_with_its_split(tmp_path) -> None:
+    """``tiny-rows-words`` comes back from its cache folder with the word split, not Qwen's (ids
+    unchanged), in a folder of its own corpus's fingerprint."""
+    from ragen_tasks.models.loading import load_tokenizer
+    from ragen_tasks.models.presets import ensure_preset
+    from ragen_tasks.models.tokenizer import corpus_fingerprint
+
+    folder = ensure_preset("tiny-rows-words", cache_dir=tmp_path)
+    assert folder.name.endswith(corpus_fingerprint(training_corpus(game_text=True)))
+    assert ensure_preset("tiny-rows-composed", cache_dir=tmp_path).name.endswith(corpus_fingerprint(training_corpus()))
+    reloaded = load_tokenizer(str(folder))
+    fresh = build_tokenizer(lake_rows=True, whole_words=True)
+    for text in (*TEXTS, "Board:\n____\nP___\nOG_O\n__√_<|im_end|>", "<think>Left wall. Turns left: 3.</think>"):
+        assert reloaded.encode(text) == fresh.encode(text), text
