@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -108,15 +109,13 @@ def test_board_cells_are_one_token_each(cell_tok, tok, game) -> None:
         assert len(tok.encode(str(board))) < len(pieces)  # the default tokenizer merges cells
 
 
-@pytest.mark.parametrize("game", ["sokoban", "frozen_lake", "bandit"])
-def test_board_cells_leave_the_prompt_text_and_answers_alone(cell_tok, tok, game) -> None:
-    """Only the board is split: the prompt's other lines (legend, actions, format) and an answer
-    pre-tokenize exactly as with the default tokenizer, and a board before ``<|im_end|>`` still splits."""
+def _first_prompt(game: str, *, seed: int) -> tuple[Any, str, list[dict[str, str]]]:
+    """(env, board, system + first user message) of ``game``'s episode ``seed``, as the rollout loop writes it."""
     from ragen_tasks import envs
     from ragen_tasks.agent.prompts import initial_messages
 
     env = envs.make(game)
-    board, _ = env.reset(seed=0)
+    board, _ = env.reset(seed=seed)
     prompt = initial_messages(
         env_name=game,
         action_names=env.action_names,
@@ -126,7 +125,16 @@ def test_board_cells_leave_the_prompt_text_and_answers_alone(cell_tok, tok, game
         actions_left=10,
         max_actions_per_turn=3,
         think=True,
+        rules=env.config.model_dump(),
     )
+    return env, str(board), prompt
+
+
+@pytest.mark.parametrize("game", ["sokoban", "frozen_lake", "bandit"])
+def test_board_cells_leave_the_prompt_text_and_answers_alone(cell_tok, tok, game) -> None:
+    """Only the board is split: the prompt's other lines (legend, actions, format) and an answer
+    pre-tokenize exactly as with the default tokenizer, and a board before ``<|im_end|>`` still splits."""
+    env, board, prompt = _first_prompt(game, seed=0)
     text = prompt[0]["content"] + "\n" + prompt[1]["content"].split("Board:\n")[0]
     answer = (
         f"<think>{env.action_names[0]} first.</think><answer>{env.action_names[0]} || {env.action_names[-1]}</answer>"
@@ -253,23 +261,8 @@ def _split_row(piece: str) -> list[str]:
 def test_whole_words_make_the_first_prompt_shorter_and_round_trip(word_tok, row_tok, game) -> None:
     """Every game's first prompt, as the rollout loop renders it, encodes to fewer whole-word tokens
     than Qwen-split ones and decodes back to itself; any other text still round-trips."""
-    from ragen_tasks import envs
-    from ragen_tasks.agent.prompts import initial_messages
-
-    env = envs.make(game)
-    board, _ = env.reset(seed=3)
-    system, user = initial_messages(
-        env_name=game,
-        action_names=env.action_names,
-        legend=env.legend,
-        board=str(board),
-        turns_left=5,
-        actions_left=10,
-        max_actions_per_turn=3,
-        think=True,
-        rules=env.config.model_dump(),
-    )
-    text = word_tok.apply_chat_template([system, user], tokenize=False, add_generation_prompt=True)
+    _, _, prompt = _first_prompt(game, seed=3)
+    text = word_tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     ids = word_tok.encode(text)
     assert word_tok.decode(ids) == text
     assert len(ids) < 0.75 * len(row_tok.encode(text)), game
