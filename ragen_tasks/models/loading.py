@@ -58,7 +58,9 @@ def _keep_saved_pre_tokenizer(tokenizer: Any, source: str) -> Any:
     wanted = json.loads(saved.read_text(encoding="utf-8")).get("pre_tokenizer")
     if json.loads(backend.to_str()).get("pre_tokenizer") == wanted:
         return tokenizer
-    logger.info(  # expected for a tokenizer with its own split, e.g. the ``tiny-cells`` preset
+    # Expected for every load of a tokenizer with its own split (``tiny-cells``, ``tiny-rows-words``): a run
+    # loads each checkpoint, so at INFO this line would repeat every iteration.
+    logger.debug(
         "%s swapped the saved pre-tokenizer of %s; reloading tokenizer.json as is", type(tokenizer).__name__, source
     )
     return PreTrainedTokenizerFast.from_pretrained(source)
