@@ -85,9 +85,8 @@ def build_preset(name: str) -> tuple[Qwen2ForCausalLM, object]:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
     spec = PRESETS[name]
-    tokenizer = build_tokenizer(
+    tokenizer = build_tokenizer(  # its corpus is ``training_corpus(game_text=whole_words)``, as ensure_preset's key
         vocab_size=spec.vocab_size,
-        corpus=training_corpus(game_text=spec.whole_words),
         board_cells=spec.board_cells,
         lake_rows=spec.lake_rows,
         whole_words=spec.whole_words,

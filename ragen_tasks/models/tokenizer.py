@@ -152,6 +152,7 @@ def _game_text_corpus(seeds: int = 100) -> list[str]:
     from ragen_tasks.agent.prompts import followup_message, initial_messages
     from ragen_tasks.config import WarmStartConfig
     from ragen_tasks.envs import make
+    from ragen_tasks.rollout.loop import game_rules
     from ragen_tasks.training.warm_start import demo_reasoning
 
     styles = get_args(WarmStartConfig.model_fields["reasoning"].annotation)
@@ -162,7 +163,6 @@ def _game_text_corpus(seeds: int = 100) -> list[str]:
         for seed in range(seeds):
             env = make(name)
             board, _ = env.reset(seed=seed)
-            rules = env.config.model_dump() if hasattr(env, "config") else {}
             system, user = initial_messages(
                 env_name=name,
                 action_names=env.action_names,
@@ -172,7 +172,7 @@ def _game_text_corpus(seeds: int = 100) -> list[str]:
                 actions_left=max_actions,
                 max_actions_per_turn=3,
                 think=True,
-                rules=rules,
+                rules=game_rules(env),
             )
             lines += [f"system\n{system['content']}", f"user\n{user['content']}"]
             actions_left = max_actions

@@ -29,7 +29,7 @@ from ragen_tasks.training import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
-#: Episodes per env evaluated that an evaluation hands its engine at once (a block of
+#: Seeds per env evaluated that an evaluation hands its engine at once (a block is
 #: ``EVAL_BLOCK_SEEDS`` x envs episodes): an engine batches every episode it is handed
 #: (the hf engine keeps each one's keys and values), so without blocks an evaluation's memory grows with
 #: its seeds.

@@ -93,7 +93,7 @@ def _make_env(name: str, config: Mapping[str, Any]) -> TextGame:
     return env
 
 
-def _rules(game: TextGame) -> dict[str, Any]:
+def game_rules(game: TextGame) -> dict[str, Any]:
     """The game's config as a mapping (what the prompt may state about its rules); {} if it has none."""
     dump = getattr(getattr(game, "config", None), "model_dump", None)
     return dict(dump()) if callable(dump) else {}
@@ -210,7 +210,7 @@ def _start(
             actions_left=agent.max_actions_per_episode,
             max_actions_per_turn=agent.max_actions_per_turn,
             think=agent.think,
-            rules=_rules(game),
+            rules=game_rules(game),
         )
         for task, game, board in zip(tasks, games, boards, strict=True)
     ]

@@ -113,6 +113,7 @@ def _first_prompt(game: str, *, seed: int) -> tuple[Any, str, list[dict[str, str
     """(env, board, system + first user message) of ``game``'s episode ``seed``, as the rollout loop writes it."""
     from ragen_tasks import envs
     from ragen_tasks.agent.prompts import initial_messages
+    from ragen_tasks.rollout.loop import game_rules
 
     env = envs.make(game)
     board, _ = env.reset(seed=seed)
@@ -125,7 +126,7 @@ def _first_prompt(game: str, *, seed: int) -> tuple[Any, str, list[dict[str, str
         actions_left=10,
         max_actions_per_turn=3,
         think=True,
-        rules=env.config.model_dump(),
+        rules=game_rules(env),
     )
     return env, str(board), prompt
 
