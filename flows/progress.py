@@ -149,7 +149,7 @@ class RunDisplay:
     def __init__(self, run: Run, iterations: int, *, show_bar: bool) -> None:
         self.run_id, self.store_uri = run.run_id, run.store.root_uri
         self.iterations, self.start, self.show_bar = iterations, 0, show_bar
-        self.warm_start_steps = run.config.warm_start.steps
+        self.warm_start_steps = run.config.warm_start.turn_steps + run.config.warm_start.steps
         self._key = artifact_key(run.run_id)
         self._rows: list[dict[str, Any]] = []
         self._metrics: Any = None  # the metrics table artifact's id, once created

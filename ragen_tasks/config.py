@@ -497,7 +497,15 @@ class WarmStartConfig(_Frozen):
         description="run the warm start before RL; presets only (another model starts RL as it is, with a warning)",
     )
     episodes_per_env: int = Field(256, ge=1, description="demonstration episodes per env in the mixture")
-    steps: int = Field(150, ge=0, description="supervised optimizer steps")
+    steps: int = Field(150, ge=0, description="supervised optimizer steps on whole demonstration episodes")
+    turn_steps: int = Field(
+        0,
+        ge=0,
+        description="supervised optimizer steps before `steps`, on the demonstrations cut into turns: each turn "
+        "with only its own observation (one board in context, no earlier turns), about a third of an "
+        "episode's tokens. On the lake the tiny model then learns to read the board from a few hundred "
+        "episode steps instead of as a late transition or never; 0 = none",
+    )
     batch_size: int = Field(32, ge=1, description="sequences per supervised step")
     lr: float = Field(3e-3, gt=0, description="supervised learning rate")
     lr_schedule: LrSchedule = Field(

@@ -26,6 +26,7 @@ engine, so their token layout (prompt, response, observation glue) is exactly wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,7 @@ import torch
 
 from ragen_tasks.config import AgentConfig, LrSchedule, TrainConfig, scheduled_lr
 from ragen_tasks.data.token_batch import collate, length_bucketed_batches
-from ragen_tasks.data.trajectory import Trajectory
+from ragen_tasks.data.trajectory import TOKEN_FIELDS, TURN_FIELDS, Trajectory
 from ragen_tasks.envs import make
 from ragen_tasks.envs._common import DIAGONALS, direction_words
 from ragen_tasks.envs.base import TextGame
@@ -328,6 +329,38 @@ def rl_demonstrations(tokenizer: Any, config: TrainConfig, *, iteration: int, ep
     return demonstrations(tokenizer, config, seed=config.seed, episodes=episodes, stream=RL_DEMO_STREAM + iteration)
 
 
+def turn_segments(episodes: Sequence[Trajectory]) -> list[Trajectory]:
+    """Each turn of ``episodes`` as a sequence of its own: the turn's observation and its response.
+
+    Turn k's segment is the episode's tokens from the end of turn k - 1's response (the first
+    turn: from the episode's start, the whole prompt) to the end of turn k's response, so it holds
+    one board, the one the turn answers, and none of the earlier turns. Its loss mask is the
+    episode's over those tokens: the turn's response. Its reward is the turn's; it succeeded if it
+    is the last turn of an episode that did."""
+    segments = []
+    for episode in episodes:
+        begins = [0, *episode.turn_ends[:-1]]
+        for turn, (begin, start, end) in enumerate(zip(begins, episode.turn_starts, episode.turn_ends, strict=True)):
+            tokens: dict[str, Any] = {name: getattr(episode, name)[begin:end] for name in TOKEN_FIELDS}
+            turns: dict[str, Any] = {
+                name: [getattr(episode, name)[turn]] for name in TURN_FIELDS[2:]
+            }  # less starts, ends
+            segments.append(
+                dataclasses.replace(
+                    episode,
+                    **tokens,
+                    **turns,
+                    traj_id=f"{episode.traj_id}/turn{turn}",
+                    turn_starts=[start - begin],
+                    turn_ends=[end - begin],
+                    prompt_length=start - begin,
+                    reward=episode.turn_rewards[turn],
+                    success=episode.success and turn == episode.num_turns - 1,
+                )
+            )
+    return segments
+
+
 def supervised_steps(
     model: torch.nn.Module,
     trajectories: Sequence[Trajectory],
@@ -402,22 +435,39 @@ def warm_start(model: torch.nn.Module, tokenizer: Any, config: TrainConfig, *, p
     ws = config.warm_start
     seed = ws.seed_for(config.seed)
     demos = demonstrations(tokenizer, config, seed=seed)
-    log.info("warm start: %d demonstration episodes, %d supervised steps", len(demos), ws.steps)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    losses = supervised_steps(
-        model,
-        demos,
-        steps=ws.steps,
-        batch_size=ws.batch_size,
-        lr=ws.lr,
-        seed=seed,
-        pad_id=pad_id,
-        lr_schedule=ws.lr_schedule,
-        on_step=progress,
+    log.info(
+        "warm start: %d demonstration episodes, %d supervised steps on their turns, then %d on the episodes",
+        len(demos),
+        ws.turn_steps,
+        ws.steps,
     )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    losses: list[float] = []
+    # (trajectories, steps, the first step's index over the whole warm start): each phase its own AdamW
+    phases = [(turn_segments(demos) if ws.turn_steps else [], ws.turn_steps, 0), (demos, ws.steps, ws.turn_steps)]
+    for trajectories, steps, first_step in phases:
+        if steps == 0:
+            continue
+
+        def on_step(step: int, loss: float, first_step: int = first_step) -> None:
+            if progress is not None:
+                progress(first_step + step, loss)
+
+        losses += supervised_steps(
+            model,
+            trajectories,
+            steps=steps,
+            batch_size=ws.batch_size,
+            lr=ws.lr,
+            seed=seed + first_step,
+            pad_id=pad_id,
+            lr_schedule=ws.lr_schedule,
+            on_step=on_step,
+        )
     result: dict[str, Any] = {
         "episodes": len(demos),
         "steps": ws.steps,
+        "turn_steps": ws.turn_steps,
         "first_loss": losses[0] if losses else math.nan,
         "final_loss": losses[-1] if losses else math.nan,
         "demo_noise": config.warm_start.demo_noise,

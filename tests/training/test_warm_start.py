@@ -345,3 +345,78 @@ def test_supervised_steps_step_at_the_scheduled_rate(chatml_tokenizer, monkeypat
         rates.clear()
         supervised_steps(model, demos, steps=4, batch_size=4, lr=4e-3, seed=0, pad_id=0, lr_schedule=schedule)
         assert rates == pytest.approx(expected), schedule
+
+
+def test_turn_segments_cut_each_episode_into_its_turns_with_only_their_own_board(chatml_tokenizer) -> None:
+    """A turn segment is the turn's observation and response: one board in context, the turn's
+    response trained on, and together the segments train on exactly the episode's response tokens."""
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training.warm_start import demonstrations, turn_segments
+
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=AgentConfig(max_turns=5, max_tokens_per_turn=96),
+        warm_start=WarmStartConfig(episodes_per_env=16, reasoning="neighbours-turns"),
+    )
+    demos = demonstrations(chatml_tokenizer, config, seed=0)
+    assert any(demo.num_turns > 2 for demo in demos)  # episodes that last, so later turns are tested
+    segments = turn_segments(demos)
+    assert len(segments) == sum(demo.num_turns for demo in demos)
+    by_episode = iter(segments)
+    for demo in demos:
+        trained_in_segments: list[int] = []
+        for turn in range(demo.num_turns):
+            segment = next(by_episode)
+            segment.check()
+            assert segment.traj_id == f"{demo.traj_id}/turn{turn}"
+            assert segment.num_turns == 1
+            [start], [end] = segment.turn_starts, segment.turn_ends
+            assert end == segment.num_tokens  # the segment ends with its turn's response
+            assert segment.input_ids[start:end] == demo.input_ids[demo.turn_starts[turn] : demo.turn_ends[turn]]
+            assert segment.turn_think == [demo.turn_think[turn]]
+            assert chatml_tokenizer.decode(segment.input_ids[:start]).count("Board:") == 1  # its own board only
+            assert segment.reward == demo.turn_rewards[turn]
+            trained_in_segments += [t for t, m in zip(segment.input_ids, segment.loss_mask, strict=True) if m]
+        assert trained_in_segments == [t for t, m in zip(demo.input_ids, demo.loss_mask, strict=True) if m]
+
+
+def test_warm_start_trains_on_turns_then_episodes_with_one_step_count(
+    chatml_tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``warm_start.turn_steps`` steps on turn segments, then ``steps`` on whole episodes; the
+    progress callback counts the steps of both phases in one sequence."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
+    from ragen_tasks.training import warm_start as ws_module
+
+    longest: list[int] = []
+    supervised_steps = ws_module.supervised_steps
+
+    def recording(model: torch.nn.Module, trajectories: list, **kwargs: object) -> list[float]:
+        longest.append(max(len(t.turn_starts) for t in trajectories))
+        return supervised_steps(model, trajectories, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ws_module, "supervised_steps", recording)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(chatml_tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    config = TrainConfig(
+        envs=[EnvSpec(name="frozen_lake")],
+        agent=AgentConfig(max_turns=5, max_tokens_per_turn=96),
+        warm_start=WarmStartConfig(episodes_per_env=16, steps=2, turn_steps=3, batch_size=4, reasoning="neighbours"),
+    )
+    steps: list[int] = []
+    record = ws_module.warm_start(model, chatml_tokenizer, config, progress=lambda step, loss: steps.append(step))
+    assert steps == [0, 1, 2, 3, 4]
+    assert longest[0] == 1 and longest[1] > 1  # turn segments first, then the episodes
+    assert (record["turn_steps"], record["steps"]) == (3, 2)
