@@ -14,21 +14,20 @@ teacher-forced (the model's most likely next token against the demonstration's):
   in their context);
 - ``loss``: the mean training loss per demonstrated token over the last ``--every`` steps.
 
-``--turn-steps N`` runs the first N supervised steps on turn segments (``turn_segments``: each
-demonstrated turn with its own observation only, one board in its context) before the remaining
-steps on whole episodes; each phase has its own AdamW, as two ``supervised_steps`` calls.
+The warm start is the library's (``training.warm_start.warm_start``), as the preset and ``--set``
+make it: ``warm_start.turn_steps`` steps on turn segments (each demonstrated turn with its own
+observation only, one board in its context), then ``warm_start.steps`` on whole episodes.
 
 Usage::
 
     python bench/reading_transition.py frozenlake-long --set model.name_or_path=tiny-rows-words \\
-        --seed 0 --steps 2400 --every 200 [--turn-steps 1000]
+        --set warm_start.turn_steps=1500 --set warm_start.steps=1500 --seed 0 --every 250
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 
 import torch
 from demo_loss import FRESH_SEED_OFFSET  # bench/demo_loss.py (this folder is sys.path[0])
@@ -37,7 +36,7 @@ from ragen_tasks.data.token_batch import collate
 from ragen_tasks.data.trajectory import Trajectory
 from ragen_tasks.models.loading import load_policy
 from ragen_tasks.presets import load_config
-from ragen_tasks.training.warm_start import demonstrations, supervised_steps, turn_segments
+from ragen_tasks.training.warm_start import demonstrations, warm_start
 
 PROBE_EPISODES = 256
 ROW_COPY = {"Above:", "Below:"}
@@ -97,62 +96,38 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="the run's seed (the warm start's demonstrations and order)"
     )
-    parser.add_argument("--steps", type=int, default=2400, help="supervised steps in all")
     parser.add_argument("--every", type=int, default=200, help="steps between two probes")
-    parser.add_argument("--turn-steps", type=int, default=0, help="the first steps on turn segments")
     args = parser.parse_args()
 
     config = load_config(args.preset, [*args.overrides, f"seed={args.seed}"])
     ws = config.warm_start
     model, tokenizer = load_policy(config.model.name_or_path)
-    seed = ws.seed_for(config.seed)
-    demos = demonstrations(tokenizer, config, seed=seed)
-    fresh = demonstrations(tokenizer, config, seed=seed + FRESH_SEED_OFFSET, episodes=PROBE_EPISODES)
-    pad_id = tokenizer.pad_token_id or 0
-    header = None
-    window: list[float] = []
+    fresh = demonstrations(
+        tokenizer, config, seed=ws.seed_for(config.seed) + FRESH_SEED_OFFSET, episodes=PROBE_EPISODES
+    )
+    header: list[str] = []
+    window: list[float] = []  # the training losses since the last probe
     started = time.perf_counter()
 
     def report(step: int) -> None:
-        nonlocal header
         scores = reading(model, tokenizer, fresh)
-        if header is None:
-            header = list(scores)
+        if not header:
+            header.extend(scores)
             print("| step | phase | loss | " + " | ".join(header) + " | min |", flush=True)
             print("|---" * (len(header) + 4) + "|", flush=True)
-        phase = "turns" if step <= args.turn_steps and args.turn_steps else "episodes"
+        phase = "turns" if step <= ws.turn_steps and ws.turn_steps else "episodes"
         loss = sum(window) / len(window) if window else float("nan")
         cells = " | ".join(f"{scores.get(name, float('nan')):.3f}" for name in header)
         print(f"| {step} | {phase} | {loss:.4f} | {cells} | {(time.perf_counter() - started) / 60:.1f} |", flush=True)
         window.clear()
 
-    def make_hook(offset: int) -> Callable[[int, float], None]:
-        def on_step(step: int, loss: float) -> None:
-            window.append(loss)
-            done = offset + step + 1
-            if done % args.every == 0:
-                report(done)
-
-        return on_step
+    def on_step(step: int, loss: float) -> None:  # step counts both phases of the warm start
+        window.append(loss)
+        if (step + 1) % args.every == 0:
+            report(step + 1)
 
     report(0)
-    phases = [(turn_segments(demos), args.turn_steps), (demos, args.steps - args.turn_steps)]
-    offset = 0
-    for trajectories, steps in phases:
-        if steps <= 0:
-            continue
-        supervised_steps(
-            model,
-            trajectories,
-            steps=steps,
-            batch_size=ws.batch_size,
-            lr=ws.lr,
-            seed=seed + offset,
-            pad_id=pad_id,
-            lr_schedule=ws.lr_schedule,
-            on_step=make_hook(offset),
-        )
-        offset += steps
+    warm_start(model, tokenizer, config, progress=on_step)
 
 
 if __name__ == "__main__":

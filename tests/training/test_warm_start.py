@@ -1,6 +1,7 @@
 """Warm-start demonstrations: what the demonstrator writes in its reasoning."""
 
 import pytest
+import torch
 
 from ragen_tasks.envs import make
 from ragen_tasks.training.warm_start import demo_reasoning
@@ -314,9 +315,6 @@ def test_scheduled_lr_decays_linearly_to_zero_over_the_steps() -> None:
 
 def test_supervised_steps_step_at_the_scheduled_rate(chatml_tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rate each optimizer step of the warm start actually uses (read from AdamW as it steps)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from ragen_tasks.config import EnvSpec, TrainConfig, WarmStartConfig
     from ragen_tasks.training.warm_start import demonstrations, supervised_steps
 
@@ -328,17 +326,7 @@ def test_supervised_steps_step_at_the_scheduled_rate(chatml_tokenizer, monkeypat
         return adamw_step(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=len(chatml_tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    model = _one_layer_model(len(chatml_tokenizer))
     config = TrainConfig(envs=[EnvSpec(name="bandit")], warm_start=WarmStartConfig(episodes_per_env=8))
     demos = demonstrations(chatml_tokenizer, config, seed=0)
     for schedule, expected in (("linear", [4e-3, 3e-3, 2e-3, 1e-3]), ("constant", [4e-3] * 4)):
@@ -385,8 +373,6 @@ def test_warm_start_trains_on_turns_then_episodes_with_one_step_count(
 ) -> None:
     """``warm_start.turn_steps`` steps on turn segments, then ``steps`` on whole episodes; the
     progress callback counts the steps of both phases in one sequence."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from ragen_tasks.config import AgentConfig, EnvSpec, TrainConfig, WarmStartConfig
     from ragen_tasks.training import warm_start as ws_module
@@ -399,17 +385,7 @@ def test_warm_start_trains_on_turns_then_episodes_with_one_step_count(
         return supervised_steps(model, trajectories, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ws_module, "supervised_steps", recording)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=len(chatml_tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    model = _one_layer_model(len(chatml_tokenizer))
     config = TrainConfig(
         envs=[EnvSpec(name="frozen_lake")],
         agent=AgentConfig(max_turns=5, max_tokens_per_turn=96),
@@ -420,3 +396,19 @@ def test_warm_start_trains_on_turns_then_episodes_with_one_step_count(
     assert steps == [0, 1, 2, 3, 4]
     assert longest[0] == 1 and longest[1] > 1  # turn segments first, then the episodes
     assert (record["turn_steps"], record["steps"]) == (3, 2)
+
+
+def _one_layer_model(vocab_size: int) -> torch.nn.Module:
+    """A one-layer Qwen2 model, seeded: enough for the warm start's steps to run."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return Qwen2ForCausalLM(config)
