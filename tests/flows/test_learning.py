@@ -101,7 +101,7 @@ def test_regression_gate(trained: dict[str, Any], tmp_path: Path) -> None:
 # action names; the paper's lake is the `frozenlake` preset, ~30 minutes) with 2 turns per episode
 # and a short, noisy warm start: half of each demonstration's actions are random, so the
 # warm-started policy wanders and RL must learn to drop the random moves on lakes it never saw.
-# ~140 CPU-seconds on one thread (bench/RESULTS.md, "The paper's games").
+# ~140 CPU-seconds on one thread on an Intel Xeon, ~190 on an AMD EPYC (bench/RESULTS.md, "The paper's games").
 LAKE_LEARNING = {
     "iterations": 12,
     "agent.max_turns": 2,
@@ -109,7 +109,7 @@ LAKE_LEARNING = {
     "warm_start.episodes_per_env": 256,
     "warm_start.lr": 5e-3,
     "optim.lr": 2e-3,
-    "eval.seeds": 128,
+    "eval.seeds": 256,
     "eval.every": 12,
     "eval.temperature": 1.0,
 }
@@ -124,11 +124,13 @@ def trained_lake(tmp_path_factory: pytest.TempPathFactory, prefect_api: None) ->
 
 
 def test_frozenlake_improves_over_its_warm_start(trained_lake: dict[str, Any]) -> None:
-    """Held-out success (128 lakes, sampled with fixed seeds) rises over the warm start's by more
-    than the noise: a one-sided two-proportion z >= 2 (measured: 0.156 -> 0.344, z 3.5)."""
+    """Held-out success (256 lakes, sampled with fixed seeds) rises over the warm start's by more
+    than the noise: a one-sided two-proportion z >= 2. Measured: 0.156 -> 0.344 on 128 lakes on an
+    Intel Xeon; 0.145 -> 0.238 (z 2.7) on 256 on an AMD EPYC, whose arithmetic leads RL elsewhere
+    (on 128 lakes there its gain, 0.141 -> 0.234, was z 1.9: inside 128 lakes' noise)."""
     from ragen_tasks.evaluation import one_sided_z
 
     before = trained_lake["eval_before_rl"]["frozen_lake"]["success"]
     after = trained_lake["eval_after_rl"]["frozen_lake"]["success"]
-    z = one_sided_z(before, 128, after, 128)
+    z = one_sided_z(before, LAKE_LEARNING["eval.seeds"], after, LAKE_LEARNING["eval.seeds"])
     assert z >= 2.0, f"held-out success {before:.3f} -> {after:.3f} (z {z:+.2f}): RL did not beat its warm start"
