@@ -329,6 +329,9 @@ def rl_demonstrations(tokenizer: Any, config: TrainConfig, *, iteration: int, ep
     return demonstrations(tokenizer, config, seed=config.seed, episodes=episodes, stream=RL_DEMO_STREAM + iteration)
 
 
+_TURN_INDEX_FIELDS = ("turn_starts", "turn_ends")  # turn fields that are token indices: a segment shifts them
+
+
 def turn_segments(episodes: Sequence[Trajectory]) -> list[Trajectory]:
     """Each turn of ``episodes`` as a sequence of its own: the turn's observation and its response.
 
@@ -339,12 +342,12 @@ def turn_segments(episodes: Sequence[Trajectory]) -> list[Trajectory]:
     is the last turn of an episode that did."""
     segments = []
     for episode in episodes:
-        begins = [0, *episode.turn_ends[:-1]]
+        begins = [0, *episode.turn_ends[:-1]]  # where each turn's segment starts in the episode
         for turn, (begin, start, end) in enumerate(zip(begins, episode.turn_starts, episode.turn_ends, strict=True)):
             tokens: dict[str, Any] = {name: getattr(episode, name)[begin:end] for name in TOKEN_FIELDS}
             turns: dict[str, Any] = {
-                name: [getattr(episode, name)[turn]] for name in TURN_FIELDS[2:]
-            }  # less starts, ends
+                name: [getattr(episode, name)[turn]] for name in TURN_FIELDS if name not in _TURN_INDEX_FIELDS
+            }
             segments.append(
                 dataclasses.replace(
                     episode,
